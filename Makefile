@@ -1,0 +1,20 @@
+# `make demo` and `make test` each do the whole set-up first (idempotent:
+# seconds once done), so both work on a fresh machine.
+VENV ?= .venv
+NP ?= 2
+MODEL_DIR ?= runs/digits_cnn
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+.PHONY: setup demo test clean
+
+setup:
+	HVDTRAIN_VENV=$(VENV) bash scripts/install.sh
+
+demo: setup
+	horovodrun -np $(NP) -H localhost:$(NP) hvdtrain train --recipe=digits_cnn --model_dir=$(MODEL_DIR)
+
+test: setup
+	python -m pytest tests
+
+clean:
+	rm -rf runs .pytest_cache

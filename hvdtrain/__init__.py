@@ -1,0 +1,34 @@
+"""hvdtrain: data-parallel training of Keras 3 models with Horovod.
+
+Names load on first use, so that the command line can check its input and
+fail in milliseconds, before TensorFlow starts.
+"""
+
+import importlib
+
+_EXPORTS = {
+    "DistributedOptimizer": "hvdtrain.optimizer",
+    "Recipe": "hvdtrain.recipe",
+    "Splits": "hvdtrain.recipe",
+    "TrainConfig": "hvdtrain.config",
+    "TrainResult": "hvdtrain.trainer",
+    "broadcast_variables": "hvdtrain.collectives",
+    "init": "hvdtrain.runtime",
+    "is_main_process": "hvdtrain.runtime",
+    "local_rank": "hvdtrain.runtime",
+    "local_size": "hvdtrain.runtime",
+    "rank": "hvdtrain.runtime",
+    "size": "hvdtrain.runtime",
+    "train": "hvdtrain.trainer",
+}
+_SUBMODULES = ("callbacks", "data", "recipe")
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"hvdtrain.{name}")
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'hvdtrain' has no attribute '{name}'")

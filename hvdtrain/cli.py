@@ -1,0 +1,92 @@
+"""The `hvdtrain` command: `hvdtrain train --recipe=NAME [flags]`.
+
+Run it under `horovodrun -np N ...` for N workers, or plainly for one.
+Flags left unset take the recipe's defaults; `--flagfile=FILE` reads flags
+from a file. Bad input ends every rank with one line on stderr and exit 2.
+"""
+
+import sys
+
+from absl import app, flags
+
+from hvdtrain import recipe as recipe_lib
+from hvdtrain.config import OPTIMIZERS, TrainConfig
+from hvdtrain.errors import UsageError
+
+COMMANDS = ("train",)
+
+flags.DEFINE_string("recipe", "digits_cnn", "Recipe to train: a module of recipes/.")
+flags.DEFINE_integer("epochs", None, "Epochs to train.")
+flags.DEFINE_integer("batch_size", None, "Batch size per worker (global: workers x this).")
+flags.DEFINE_float("learning_rate", None, "One worker's learning rate; scaled by the number of workers.")
+flags.DEFINE_float("warmup_epochs", None, "Epochs of linear warm-up to the scaled learning rate.")
+flags.DEFINE_enum("optimizer", None, OPTIMIZERS, "Optimizer.")
+flags.DEFINE_float("momentum", None, "Momentum (sgd).")
+flags.DEFINE_integer("seed", None, "Random seed for weights and shuffling.")
+flags.DEFINE_string("model_dir", None, "Where rank 0 writes the checkpoint and model (default runs/<recipe>).")
+flags.DEFINE_integer("intra_op_threads", None, "Threads per op in each process (0: cores / local processes).")
+flags.DEFINE_integer("inter_op_threads", None, "Threads for independent ops (0: TensorFlow's default).")
+flags.DEFINE_integer("verbose", None, "Progress on rank 0: 0 none, 1 bar, 2 line per epoch (default: a bar for one process on a terminal, else 2).")
+
+FLAGS = flags.FLAGS
+_CONFIG_FLAGS = ("epochs", "batch_size", "learning_rate", "warmup_epochs", "optimizer",
+                 "momentum", "seed", "model_dir", "intra_op_threads", "inter_op_threads",
+                 "verbose")
+
+
+def run(argv=None):
+    """The console script's entry point."""
+    app.run(_main, argv=argv, flags_parser=_parse_flags)
+
+
+def run_recipe(name):
+    """Entry point of a recipe script: `python recipes/NAME.py [flags]`."""
+    run([sys.argv[0], "train", f"--recipe={name}", *sys.argv[1:]])
+
+
+def _parse_flags(argv):
+    try:
+        return FLAGS(argv)
+    except flags.CantOpenFlagFileError as e:
+        _fail(f"{str(e).removeprefix('ERROR:: ')}; check the --flagfile path")
+    except flags.Error as e:
+        _fail(f"{e} (see --helpshort)")
+
+
+def _main(argv):
+    try:
+        command, *rest = argv[1:] or [""]
+        if command not in COMMANDS:
+            raise UsageError(f"unknown command '{command}'; use one of: {', '.join(COMMANDS)} "
+                             "(e.g. hvdtrain train --recipe=digits_cnn)")
+        if rest:
+            raise UsageError(f"unexpected arguments {' '.join(rest)}; flags take the form --name=value")
+        _train()
+    except UsageError as e:
+        _fail(str(e))
+
+
+def _train():
+    values = {name: FLAGS[name].value for name in _CONFIG_FLAGS}
+    # Bad input fails here, before TensorFlow loads: fast, and one line.
+    recipe_lib.check_name(FLAGS.recipe)
+    TrainConfig().override(**values).validate()
+
+    from hvdtrain import runtime, trainer
+
+    config = recipe_lib.make_config(FLAGS.recipe, **values)
+    result = trainer.train(config)
+    if runtime.is_main_process():
+        final = {k: v[-1] for k, v in result.history.items() if k.startswith("val_")}
+        metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(final.items()))
+        workers = f"{runtime.size()} worker{'s' * (runtime.size() != 1)}"
+        print(f"hvdtrain: {config.recipe} on {workers}, "
+              f"{config.epochs} epochs in {result.seconds:.1f} s: {metrics}")
+        print(f"hvdtrain: model written to {result.model_path}")
+
+
+def _fail(message):
+    # One write: launchers tag each write, and a separate newline would get a tag of its own.
+    sys.stderr.write(f"hvdtrain: error: {message}\n")
+    sys.stderr.flush()
+    sys.exit(2)

@@ -1,0 +1,41 @@
+"""Horovod collectives on Keras 3 objects.
+
+Horovod's own `broadcast_variables` expects tf.Variables and fails on Keras 3
+variables; these helpers broadcast the values inside one tf.function (so
+Horovod negotiates them together) and assign them on every rank.
+"""
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+
+def broadcast_variables(variables, root_rank=0):
+    """Sets `variables` (Keras or TF) on every rank to their values on `root_rank`."""
+    variables = list(variables)
+    if hvd.size() == 1 or not variables:
+        return
+    values = _broadcast([tf.convert_to_tensor(v) for v in variables], root_rank)
+    for variable, value in zip(variables, values):
+        variable.assign(value)
+
+
+@tf.function(reduce_retracing=True)
+def _broadcast(values, root_rank):
+    return [hvd.broadcast(v, root_rank, name=f"hvdtrain.broadcast.{i}")
+            for i, v in enumerate(values)]
+
+
+def allreduce_scalars(values, op=hvd.Average, name="hvdtrain.scalars"):
+    """Reduces a list of Python numbers across ranks with one allreduce."""
+    if hvd.size() == 1:
+        return list(values)
+    reduced = hvd.allreduce(tf.constant(values, tf.float64), op=op, name=name)
+    return [float(v) for v in np.asarray(reduced)]
+
+
+def agree_on_min(value, name="hvdtrain.min"):
+    """The smallest of an integer that each rank computed for itself."""
+    if hvd.size() == 1:
+        return int(value)
+    return int(hvd.allreduce(tf.constant(int(value), tf.int64), op=hvd.Min, name=name))

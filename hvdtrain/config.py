@@ -1,0 +1,49 @@
+"""The settings of one training run: recipe defaults, then user overrides,
+checked as a whole before any process starts working."""
+
+import dataclasses
+
+from hvdtrain.errors import UsageError
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    recipe: str = "digits_cnn"
+    epochs: int = 10
+    batch_size: int = 32            # per worker: the global batch is size x this
+    learning_rate: float = 0.01     # one worker's; scaled by the number of workers
+    warmup_epochs: float = 2.0      # linear warm-up from one worker's rate to the scaled one
+    optimizer: str = "sgd"
+    momentum: float = 0.9           # sgd only
+    seed: int = 0
+    model_dir: str | None = None    # None: runs/<recipe>
+    intra_op_threads: int = 0       # 0: host cores / processes on the host
+    inter_op_threads: int = 0       # 0: TensorFlow's default
+    verbose: int | None = None      # rank 0's progress; None: a bar on one process's terminal, else a line an epoch
+
+    def override(self, **values):
+        """A copy with `values` set; None means keep the current value."""
+        unknown = set(values) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise UsageError(f"unknown setting(s) {', '.join(sorted(unknown))}")
+        return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})
+
+    def validate(self):
+        """Raises UsageError naming the first bad setting and how to fix it."""
+        positive = ("epochs", "batch_size", "learning_rate")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise UsageError(f"--{name} must be positive, got {getattr(self, name)}")
+        for name in ("warmup_epochs", "intra_op_threads", "inter_op_threads"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise UsageError(f"unknown --optimizer={self.optimizer}; "
+                             f"choose one of {', '.join(OPTIMIZERS)}")
+        if not 0 <= self.momentum < 1:
+            raise UsageError(f"--momentum must be in [0, 1), got {self.momentum}")
+        if self.verbose not in (None, 0, 1, 2):
+            raise UsageError(f"--verbose must be 0, 1 or 2, got {self.verbose}")
+        return self

@@ -1,0 +1,55 @@
+"""What a recipe provides (model, data, loss, metrics, default settings) and
+how recipes are found by name.
+
+Recipes live in the repository's `recipes/` folder, installed as the package
+`hvdtrain.recipes`: `--recipe=NAME` imports `hvdtrain.recipes.NAME`, whose
+module attribute `RECIPE` is a `Recipe`.
+"""
+
+import dataclasses
+import importlib
+import pkgutil
+from typing import Any, Callable
+
+from hvdtrain.config import TrainConfig
+from hvdtrain.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class Splits:
+    """In-memory training and validation data: (features, labels) each."""
+    train: tuple
+    validation: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    name: str
+    build_model: Callable[..., Any]       # (config) -> keras.Model, uncompiled
+    load_data: Callable[..., Splits]      # (config) -> Splits
+    loss: Any
+    metrics: tuple = ()
+    defaults: dict = dataclasses.field(default_factory=dict)  # TrainConfig values
+
+
+def available():
+    from hvdtrain import recipes
+    return sorted(m.name for m in pkgutil.iter_modules(recipes.__path__))
+
+
+def check_name(name):
+    """Raises a UsageError listing the recipes there are unless `name` is one."""
+    if name not in available():
+        raise UsageError(f"unknown recipe '{name}'; choose one of: {', '.join(available())}")
+
+
+def get(name):
+    """The recipe called `name`."""
+    check_name(name)
+    return importlib.import_module(f"hvdtrain.recipes.{name}").RECIPE
+
+
+def make_config(name, **overrides):
+    """The recipe's default settings with `overrides` (None: keep the default)."""
+    recipe = get(name)
+    return TrainConfig(recipe=recipe.name).override(**recipe.defaults).override(**overrides)

@@ -1,0 +1,62 @@
+"""Process set-up for one Horovod worker, in the order that matters.
+
+`init()` starts Horovod, pins this process to one GPU (by local rank, with
+memory growth) and sizes TensorFlow's thread pools so that the processes on a
+host share its cores instead of oversubscribing them. It must run before any
+TensorFlow op: device and thread settings are frozen once the runtime starts.
+"""
+
+import os
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+from absl import logging
+
+rank = hvd.rank
+size = hvd.size
+local_rank = hvd.local_rank
+local_size = hvd.local_size
+
+
+def init(intra_op_threads=0, inter_op_threads=0):
+    """Initialises Horovod and this process's devices and threads.
+
+    Args:
+      intra_op_threads: threads for one op; 0 means host cores / local processes.
+      inter_op_threads: threads running independent ops; 0 keeps TF's default.
+    """
+    hvd.init()
+    _pin_gpu()
+    _set_threads(intra_op_threads or default_intra_op_threads(), inter_op_threads)
+    # Rank 0 reports progress; the other ranks log only warnings and errors.
+    logging.set_verbosity(logging.INFO if is_main_process() else logging.WARNING)
+
+
+def default_intra_op_threads():
+    """Host cores shared evenly by the Horovod processes on this host."""
+    cores = len(os.sched_getaffinity(0))
+    return max(1, cores // hvd.local_size())
+
+
+def is_main_process():
+    """True on the one process (rank 0) that writes files and logs."""
+    return hvd.rank() == 0
+
+
+def _pin_gpu():
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
+
+
+def _set_threads(intra, inter):
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        if inter:
+            tf.config.threading.set_inter_op_parallelism_threads(inter)
+    except RuntimeError:
+        logging.warning("TensorFlow was running before hvdtrain.init(); "
+                        "its thread pools keep their sizes")

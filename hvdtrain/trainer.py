@@ -1,0 +1,83 @@
+"""One training run, in the order data flows: config -> runtime -> data ->
+model and optimizer -> fit with callbacks -> rank 0's files."""
+
+import dataclasses
+import pathlib
+import sys
+import time
+
+import horovod.tensorflow as hvd
+import keras
+from absl import logging
+
+from hvdtrain import callbacks, checkpoint, data, runtime
+from hvdtrain import recipe as recipe_lib
+from hvdtrain.optimizer import DistributedOptimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    model: keras.Model
+    history: dict               # per-epoch metrics, averaged over the workers
+    model_path: pathlib.Path    # the final model (written by rank 0)
+    seconds: float
+
+
+def train(config):
+    """Trains `config.recipe` data-parallel on all Horovod processes."""
+    config.validate()
+    recipe = recipe_lib.get(config.recipe)
+    runtime.init(config.intra_op_threads, config.inter_op_threads)
+    keras.utils.set_random_seed(config.seed)
+
+    splits = recipe.load_data(config)
+    train_data = data.from_arrays(splits.train, config.batch_size, training=True,
+                                  seed=config.seed)
+    validation_data = data.from_arrays(splits.validation, config.batch_size, training=False)
+    logging.info("%d workers x batch %d = global batch %d; %d steps per epoch; "
+                 "%d of %d training examples left out each epoch",
+                 hvd.size(), config.batch_size, hvd.size() * config.batch_size,
+                 train_data.steps, train_data.dropped, train_data.examples)
+
+    model = recipe.build_model(config)
+    learning_rate = config.learning_rate * hvd.size()
+    model.compile(optimizer=DistributedOptimizer(_optimizer(config, learning_rate)),
+                  loss=recipe.loss, metrics=list(recipe.metrics))
+
+    model_dir = pathlib.Path(config.model_dir or pathlib.Path("runs", recipe.name))
+    fit_callbacks = [
+        callbacks.BroadcastGlobalVariablesCallback(root_rank=0),
+        # Before everything that reads the epoch's metrics.
+        callbacks.MetricAverageCallback(),
+    ]
+    if config.warmup_epochs:
+        fit_callbacks.append(callbacks.LearningRateWarmupCallback(
+            learning_rate, config.warmup_epochs, steps_per_epoch=train_data.steps))
+    if runtime.is_main_process():
+        fit_callbacks.append(checkpoint.ModelCheckpoint(model_dir / "checkpoint.keras"))
+
+    start = time.perf_counter()
+    history = model.fit(train_data.dataset, epochs=config.epochs,
+                        validation_data=validation_data.dataset,
+                        callbacks=fit_callbacks, verbose=_verbosity(config),
+                        shuffle=False)  # the pipeline shuffles
+    seconds = time.perf_counter() - start
+    model_path = model_dir / "model.keras"
+    if runtime.is_main_process():
+        checkpoint.save_model(model, model_path)
+    return TrainResult(model, history.history, model_path, seconds)
+
+
+def _optimizer(config, learning_rate):
+    if config.optimizer == "adam":
+        return keras.optimizers.Adam(learning_rate)
+    return keras.optimizers.SGD(learning_rate, momentum=config.momentum)
+
+
+def _verbosity(config):
+    if not runtime.is_main_process():
+        return 0
+    if config.verbose is not None:
+        return config.verbose
+    # Launchers pipe every rank's output through prefixed lines: no bars there.
+    return 1 if sys.stdout.isatty() and runtime.size() == 1 else 2

@@ -1,0 +1,49 @@
+"""Bad input ends every rank with one clear line and a non-zero exit, never a hang."""
+
+import re
+
+import pytest
+
+from launch import horovodrun, run
+
+BAD_INPUT = {
+    "unknown recipe": (["--recipe=no_such_recipe"], "unknown recipe 'no_such_recipe'"),
+    "zero batch size": (["--batch_size=0"], "--batch_size must be positive, got 0"),
+    "negative epochs": (["--epochs=-1"], "--epochs must be positive, got -1"),
+    "unreadable flagfile": (["--flagfile=/nonexistent/train.flags"], "/nonexistent/train.flags"),
+    "unknown flag": (["--batch_sizee=4"], "batch_sizee"),
+    "missing command": ([], "unknown command ''; use one of: train"),
+}
+
+
+# horovodrun prefixes each rank's lines: "[1]<stderr>:" (Gloo), "[1,1]<stderr>:" (MPI).
+RANK_LINE = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:(.*)$", re.MULTILINE)
+
+
+def _rank_lines(output):
+    return [(int(rank), text) for rank, text in RANK_LINE.findall(output)]
+
+
+@pytest.mark.parametrize("case", BAD_INPUT, ids=list(BAD_INPUT))
+def test_single_process_prints_one_line_and_exits_2(case):
+    args, expected = BAD_INPUT[case]
+    command = ["hvdtrain", "train", *args] if args != [] else ["hvdtrain"]
+    result = run(command, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert expected in result.stderr and result.stderr.startswith("hvdtrain: error: ")
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("case", ["unknown recipe", "zero batch size", "unreadable flagfile"])
+def test_every_rank_reports_and_the_job_fails(case, controller):
+    args, expected = BAD_INPUT[case]
+    result = horovodrun(["hvdtrain", "train", *args], controller=controller, timeout=90)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    errors = {rank: text for rank, text in _rank_lines(output) if "hvdtrain: error:" in text}
+    # Every rank that got to print before the launcher ended the job printed
+    # the same line (Gloo ends the others as soon as the first one exits).
+    assert errors and len(set(errors.values())) == 1, output[-2000:]
+    assert expected in next(iter(errors.values()))
+    assert not any("Traceback" in text for _, text in _rank_lines(output))

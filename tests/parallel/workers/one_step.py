@@ -1,0 +1,28 @@
+"""One SGD step of a small model on GLOBAL_BATCH fixed examples split over
+the workers (per-worker batch GLOBAL_BATCH / size); rank 0 writes the
+initial and updated weights to OUT."""
+
+import sys
+
+import keras
+import numpy as np
+
+import hvdtrain
+
+out, global_batch = sys.argv[1], int(sys.argv[2])
+hvdtrain.init()
+keras.utils.set_random_seed(0)
+rng = np.random.default_rng(0)
+x = rng.normal(size=(global_batch, 6)).astype("float32")
+y = rng.normal(size=(global_batch, 2)).astype("float32")
+
+model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
+                          keras.layers.Dense(2)])
+model.compile(optimizer=hvdtrain.DistributedOptimizer(keras.optimizers.SGD(0.5)), loss="mse")
+initial = model.get_weights()
+data = hvdtrain.data.from_arrays((x, y), global_batch // hvdtrain.size(), training=True)
+assert data.steps == 1 and data.dropped == 0
+model.fit(data.dataset, epochs=1, verbose=0,
+          callbacks=[hvdtrain.callbacks.BroadcastGlobalVariablesCallback(0)])
+if hvdtrain.is_main_process():
+    np.savez(out, *initial, *model.get_weights())

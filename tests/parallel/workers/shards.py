@@ -1,0 +1,35 @@
+"""Reads one epoch of a sharded training set of N examples (the features are
+the examples' ids), then fits a small model on it for two epochs counting the
+steps; each rank writes what it read and how many steps it took to OUT/rank<r>.json."""
+
+import json
+import sys
+
+import keras
+import numpy as np
+
+import hvdtrain
+
+out, examples, batch_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+hvdtrain.init()
+ids = np.arange(examples, dtype="int64")
+data = hvdtrain.data.from_arrays((ids, ids % 2), batch_size, training=True, seed=1)
+read = [int(i) for batch, _ in data.dataset for i in batch.numpy()]
+
+
+class CountSteps(keras.callbacks.Callback):
+    steps = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps += 1
+
+
+counter = CountSteps()
+model = keras.Sequential([keras.Input(()), keras.layers.Reshape((1,)), keras.layers.Dense(2)])
+model.compile(optimizer=hvdtrain.DistributedOptimizer(keras.optimizers.SGD(0.01)),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+model.fit(data.dataset.map(lambda x, y: (keras.ops.cast(x, "float32") / examples, y)),
+          epochs=2, verbose=0, callbacks=[counter])
+with open(f"{out}/rank{hvdtrain.rank()}.json", "w") as f:
+    json.dump({"read": read, "steps": data.steps, "fit_steps": counter.steps,
+               "dropped": data.dropped}, f)

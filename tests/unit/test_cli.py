@@ -1,0 +1,24 @@
+"""The three ways to start a single-process run train the same recipe."""
+
+import sys
+
+import pytest
+
+from launch import REPO, run
+
+
+@pytest.mark.parametrize("entry", ["console script with flagfile", "module", "recipe script"])
+def test_entry_points_train_and_write_the_model(tmp_path, entry):
+    flags = [f"--model_dir={tmp_path}", "--epochs=1", "--verbose=0"]
+    if entry == "console script with flagfile":
+        (tmp_path / "train.flags").write_text("\n".join(flags) + "\n")
+        command = ["hvdtrain", "train", f"--flagfile={tmp_path / 'train.flags'}"]
+    elif entry == "module":
+        command = [sys.executable, "-m", "hvdtrain", "train", *flags]
+    else:
+        command = [sys.executable, REPO / "recipes" / "digits_cnn.py", *flags]
+    result = run(command)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "hvdtrain: digits_cnn on 1 worker, 1 epochs" in result.stdout
+    assert f"model written to {tmp_path / 'model.keras'}" in result.stdout
+    assert (tmp_path / "model.keras").stat().st_size > 0

@@ -1,0 +1,34 @@
+import pytest
+
+from hvdtrain.config import TrainConfig
+from hvdtrain.errors import UsageError
+
+
+def test_override_keeps_values_given_as_none():
+    config = TrainConfig(epochs=3).override(epochs=None, batch_size=8)
+    assert (config.epochs, config.batch_size) == (3, 8)
+
+
+def test_override_rejects_unknown_settings():
+    with pytest.raises(UsageError, match="unknown setting"):
+        TrainConfig().override(batchsize=8)
+
+
+@pytest.mark.parametrize("values, message", [
+    (dict(batch_size=0), "--batch_size must be positive, got 0"),
+    (dict(epochs=-2), "--epochs must be positive, got -2"),
+    (dict(learning_rate=0.0), "--learning_rate must be positive"),
+    (dict(warmup_epochs=-1.0), "--warmup_epochs must be >= 0"),
+    (dict(intra_op_threads=-1), "--intra_op_threads must be >= 0"),
+    (dict(optimizer="lamb"), "unknown --optimizer=lamb; choose one of sgd, adam"),
+    (dict(momentum=1.0), "--momentum must be in [0, 1)"),
+    (dict(verbose=3), "--verbose must be 0, 1 or 2"),
+])
+def test_validate_names_the_bad_setting(values, message):
+    with pytest.raises(UsageError) as error:
+        TrainConfig(**values).validate()
+    assert message in str(error.value)
+
+
+def test_defaults_are_valid():
+    assert TrainConfig().validate() == TrainConfig()
