@@ -21,7 +21,7 @@ def save_model(model, path):
     return path
 
 
-class ModelCheckpoint(keras.callbacks.Callback):
+class EpochCheckpoint(keras.callbacks.Callback):
     """Saves the whole model (weights and optimizer state) at each epoch's end.
     Give it to rank 0 only."""
 

@@ -54,7 +54,7 @@ def train(config):
         fit_callbacks.append(callbacks.LearningRateWarmupCallback(
             learning_rate, config.warmup_epochs, steps_per_epoch=train_data.steps))
     if runtime.is_main_process():
-        fit_callbacks.append(checkpoint.ModelCheckpoint(model_dir / "checkpoint.keras"))
+        fit_callbacks.append(checkpoint.EpochCheckpoint(model_dir / "checkpoint.keras"))
 
     start = time.perf_counter()
     history = model.fit(train_data.dataset, epochs=config.epochs,

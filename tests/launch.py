@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -31,3 +32,12 @@ def horovodrun(args, np=2, controller="gloo", timeout=240):
 
 def worker(name):
     return [sys.executable, WORKERS / f"{name}.py"]
+
+
+# horovodrun prefixes each rank's lines: "[1]<stderr>:" (Gloo), "[1,1]<stderr>:" (MPI).
+_RANK_LINE = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:(.*)$", re.MULTILINE)
+
+
+def rank_lines(output):
+    """(rank, text) for each line a rank printed under horovodrun."""
+    return [(int(rank), text) for rank, text in _RANK_LINE.findall(output)]

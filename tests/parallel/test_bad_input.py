@@ -1,10 +1,8 @@
 """Bad input ends every rank with one clear line and a non-zero exit, never a hang."""
 
-import re
-
 import pytest
 
-from launch import horovodrun, run
+from launch import horovodrun, rank_lines, run
 
 BAD_INPUT = {
     "unknown recipe": (["--recipe=no_such_recipe"], "unknown recipe 'no_such_recipe'"),
@@ -14,14 +12,6 @@ BAD_INPUT = {
     "unknown flag": (["--batch_sizee=4"], "batch_sizee"),
     "missing command": ([], "unknown command ''; use one of: train"),
 }
-
-
-# horovodrun prefixes each rank's lines: "[1]<stderr>:" (Gloo), "[1,1]<stderr>:" (MPI).
-RANK_LINE = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:(.*)$", re.MULTILINE)
-
-
-def _rank_lines(output):
-    return [(int(rank), text) for rank, text in RANK_LINE.findall(output)]
 
 
 @pytest.mark.parametrize("case", BAD_INPUT, ids=list(BAD_INPUT))
@@ -41,9 +31,9 @@ def test_every_rank_reports_and_the_job_fails(case, controller):
     result = horovodrun(["hvdtrain", "train", *args], controller=controller, timeout=90)
     assert result.returncode != 0
     output = result.stdout + result.stderr
-    errors = {rank: text for rank, text in _rank_lines(output) if "hvdtrain: error:" in text}
+    errors = {rank: text for rank, text in rank_lines(output) if "hvdtrain: error:" in text}
     # Every rank that got to print before the launcher ended the job printed
     # the same line (Gloo ends the others as soon as the first one exits).
     assert errors and len(set(errors.values())) == 1, output[-2000:]
     assert expected in next(iter(errors.values()))
-    assert not any("Traceback" in text for _, text in _rank_lines(output))
+    assert not any("Traceback" in text for _, text in rank_lines(output))

@@ -2,7 +2,7 @@
 
 import re
 
-from launch import run
+from launch import rank_lines, run
 
 
 def test_make_demo_reaches_95_percent_and_writes_the_model(tmp_path):
@@ -14,3 +14,7 @@ def test_make_demo_reaches_95_percent_and_writes_the_model(tmp_path):
     assert float(summary.group(1)) >= 0.95
     assert f"model written to {tmp_path / 'model.keras'}" in result.stdout
     assert (tmp_path / "model.keras").stat().st_size > 0
+    # Progress and results come from rank 0 only.
+    printed = rank_lines(result.stdout)
+    assert any(text.startswith("Epoch 1/") for rank, text in printed if rank == 0)
+    assert not [text for rank, text in printed if rank != 0 and text.strip()]

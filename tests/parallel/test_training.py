@@ -1,6 +1,7 @@
 """Data-parallel training at np=2, checked on what the ranks wrote."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -42,8 +43,8 @@ def test_step_at_np2_equals_step_at_np1_with_global_batch(tmp_path, controller):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def _read_shards(tmp_path, examples, batch_size):
-    _ok(horovodrun([*worker("shards"), tmp_path, examples, batch_size]))
+def _read_shards(tmp_path, examples, batch_size, intra_op_threads=0):
+    _ok(horovodrun([*worker("shards"), tmp_path, examples, batch_size, intra_op_threads]))
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
@@ -55,12 +56,27 @@ def test_shards_are_disjoint_and_cover_the_training_set(tmp_path):
     # The documented remainder: what no rank reads, here 2 x (500 - 31 x 16).
     assert rank0["dropped"] == rank1["dropped"] == 1000 - len(read) == 8
     assert read <= set(range(1000))
+    # Two processes on this host share its cores.
+    cores = len(os.sched_getaffinity(0))
+    assert rank0["intra_op_threads"] == rank1["intra_op_threads"] == max(1, cores // 2)
 
 
 def test_uneven_data_gives_every_rank_the_same_steps(tmp_path):
     # 1,001 examples: shards of 501 and 500, i.e. 3 and 2 batches of 167.
-    rank0, rank1 = _read_shards(tmp_path, examples=1001, batch_size=167)
+    rank0, rank1 = _read_shards(tmp_path, examples=1001, batch_size=167, intra_op_threads=3)
     assert rank0["steps"] == rank1["steps"] == 2
     assert rank0["fit_steps"] == rank1["fit_steps"] == 2 * 2  # two epochs
     assert len(rank0["read"]) == len(rank1["read"]) == 2 * 167
     assert rank0["dropped"] == 1001 - 2 * 2 * 167
+    assert rank0["intra_op_threads"] == rank1["intra_op_threads"] == 3  # the user's choice
+
+
+def test_initial_state_is_broadcast_from_rank_0(tmp_path, controller):
+    _ok(horovodrun([*worker("broadcast"), tmp_path], controller=controller))
+    rank0, rank1 = np.load(tmp_path / "rank0.npz"), np.load(tmp_path / "rank1.npz")
+    names = [n.removeprefix("before:") for n in rank0.files if n.startswith("before:")]
+    assert any("adam" in n for n in names) and any("kernel" in n for n in names)
+    for name in names:
+        assert not np.array_equal(rank0[f"before:{name}"], rank1[f"before:{name}"]), name
+        np.testing.assert_array_equal(rank1[f"after:{name}"], rank0[f"before:{name}"], err_msg=name)
+        np.testing.assert_array_equal(rank0[f"after:{name}"], rank0[f"before:{name}"], err_msg=name)

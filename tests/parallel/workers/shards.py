@@ -1,17 +1,20 @@
 """Reads one epoch of a sharded training set of N examples (the features are
 the examples' ids), then fits a small model on it for two epochs counting the
-steps; each rank writes what it read and how many steps it took to OUT/rank<r>.json."""
+steps; each rank writes what it read, how many steps it took and its
+intra-op thread count (INTRA_OP_THREADS given to init, 0: automatic) to
+OUT/rank<r>.json."""
 
 import json
 import sys
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 import hvdtrain
 
-out, examples, batch_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-hvdtrain.init()
+out, examples, batch_size, intra_op_threads = sys.argv[1], *map(int, sys.argv[2:])
+hvdtrain.init(intra_op_threads=intra_op_threads)
 ids = np.arange(examples, dtype="int64")
 data = hvdtrain.data.from_arrays((ids, ids % 2), batch_size, training=True, seed=1)
 read = [int(i) for batch, _ in data.dataset for i in batch.numpy()]
@@ -32,4 +35,5 @@ model.fit(data.dataset.map(lambda x, y: (keras.ops.cast(x, "float32") / examples
           epochs=2, verbose=0, callbacks=[counter])
 with open(f"{out}/rank{hvdtrain.rank()}.json", "w") as f:
     json.dump({"read": read, "steps": data.steps, "fit_steps": counter.steps,
-               "dropped": data.dropped}, f)
+               "dropped": data.dropped,
+               "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads()}, f)
