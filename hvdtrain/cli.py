@@ -10,7 +10,7 @@ import sys
 from absl import app, flags
 
 from hvdtrain import recipe as recipe_lib
-from hvdtrain.config import OPTIMIZERS, TrainConfig
+from hvdtrain.config import COMPRESSIONS, OPTIMIZERS, PRECISIONS, TrainConfig
 from hvdtrain.errors import UsageError
 
 COMMANDS = ("train",)
@@ -23,6 +23,10 @@ flags.DEFINE_float("warmup_epochs", None, "Epochs of linear warm-up to the scale
 flags.DEFINE_enum("optimizer", None, OPTIMIZERS, "Optimizer.")
 flags.DEFINE_float("momentum", None, "Momentum (sgd).")
 flags.DEFINE_integer("seed", None, "Random seed for weights and shuffling.")
+flags.DEFINE_enum("precision", None, PRECISIONS, "Keras dtype policy (mixed_float16 adds loss scaling).")
+flags.DEFINE_enum("compression", None, COMPRESSIONS, "Compression of the gradients on the wire.")
+flags.DEFINE_integer("backward_passes_per_step", None, "Batches whose gradients accumulate locally per allreduce and update.")
+flags.DEFINE_bool("sparse_as_dense", None, "Reduce embedding gradients densely instead of allgathering them.")
 flags.DEFINE_string("model_dir", None, "Where rank 0 writes the checkpoint and model (default runs/<recipe>).")
 flags.DEFINE_integer("intra_op_threads", None, "Threads per op in each process (0: cores / local processes).")
 flags.DEFINE_integer("inter_op_threads", None, "Threads for independent ops (0: TensorFlow's default).")
@@ -30,7 +34,8 @@ flags.DEFINE_integer("verbose", None, "Progress on rank 0: 0 none, 1 bar, 2 line
 
 FLAGS = flags.FLAGS
 _CONFIG_FLAGS = ("epochs", "batch_size", "learning_rate", "warmup_epochs", "optimizer",
-                 "momentum", "seed", "model_dir", "intra_op_threads", "inter_op_threads",
+                 "momentum", "seed", "precision", "compression", "backward_passes_per_step",
+                 "sparse_as_dense", "model_dir", "intra_op_threads", "inter_op_threads",
                  "verbose")
 
 

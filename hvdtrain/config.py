@@ -6,6 +6,8 @@ import dataclasses
 from hvdtrain.errors import UsageError
 
 OPTIMIZERS = ("sgd", "adam")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
+COMPRESSIONS = ("none", "fp16", "bf16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,6 +20,10 @@ class TrainConfig:
     optimizer: str = "sgd"
     momentum: float = 0.9           # sgd only
     seed: int = 0
+    precision: str = "float32"      # a Keras dtype policy; mixed_float16 adds dynamic loss scaling
+    compression: str = "none"       # of the gradients on the wire
+    backward_passes_per_step: int = 1   # local gradient accumulation between allreduces
+    sparse_as_dense: bool = False   # reduce embedding gradients densely instead of allgathering
     model_dir: str | None = None    # None: runs/<recipe>
     intra_op_threads: int = 0       # 0: host cores / processes on the host
     inter_op_threads: int = 0       # 0: TensorFlow's default
@@ -39,9 +45,14 @@ class TrainConfig:
         for name in ("warmup_epochs", "intra_op_threads", "inter_op_threads"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name} must be >= 0, got {getattr(self, name)}")
-        if self.optimizer not in OPTIMIZERS:
-            raise UsageError(f"unknown --optimizer={self.optimizer}; "
-                             f"choose one of {', '.join(OPTIMIZERS)}")
+        for name, allowed in (("optimizer", OPTIMIZERS), ("precision", PRECISIONS),
+                              ("compression", COMPRESSIONS)):
+            if getattr(self, name) not in allowed:
+                raise UsageError(f"unknown --{name}={getattr(self, name)}; "
+                                 f"choose one of {', '.join(allowed)}")
+        if self.backward_passes_per_step < 1:
+            raise UsageError("--backward_passes_per_step must be positive, "
+                             f"got {self.backward_passes_per_step}")
         if not 0 <= self.momentum < 1:
             raise UsageError(f"--momentum must be in [0, 1), got {self.momentum}")
         if self.verbose not in (None, 0, 1, 2):

@@ -1,12 +1,24 @@
-"""A Keras 3 optimizer whose updates use gradients averaged over all workers.
+"""A Keras 3 optimizer whose updates use gradients reduced over all workers.
 
 `DistributedOptimizer(keras.optimizers.Adam(...))` returns an optimizer of a
 subclass of the given one's class, rebuilt from its config, whose `apply`
-first averages the gradients across processes with one Horovod grouped
-allreduce (Horovod fuses the tensors into few ring-allreduces), then runs the
-original update. It works inside the compiled train step of `model.fit` and
-in custom loops that call `apply_gradients`. The subclass keeps the original
-class's name and module, so saved models load as the plain optimizer.
+first reduces the gradients across processes (see reduction.py), then runs
+the original update. It works inside `model.fit`'s compiled train step and in
+custom loops that call `apply` or `apply_gradients`. The subclass keeps the
+original class's name and module, so saved models load as the plain optimizer.
+
+Mixed precision: a `keras.optimizers.LossScaleOptimizer` (given, or made here
+when the global policy is mixed_float16, so that `compile()` does not wrap
+the result again) is made distributed as a whole: gradients are reduced
+*before* it checks them for inf/NaN, so every rank sees the same reduced
+gradients and takes the same decision (apply, or skip and lower the scale).
+
+Accumulation: with `backward_passes_per_step=N`, each process adds its
+gradients to local accumulators (optimizer variables, so they are saved and
+broadcast with the rest of its state) and reduces and applies them once
+every N calls: N times less communication. With
+`average_aggregated_gradients=True` the update equals one step on an N-times
+larger batch; otherwise the N gradients are summed, as in Horovod.
 """
 
 import functools
@@ -15,45 +27,137 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
+from hvdtrain.compression import Compression
+from hvdtrain.errors import UsageError
+from hvdtrain.reduction import GradientReducer
 
-def DistributedOptimizer(optimizer, op=hvd.Average):  # noqa: N802 (Horovod's name)
-    """Wraps `optimizer` so that each update averages gradients over workers.
 
-    Wrap the optimizer before it is built (before `fit` or the first update):
-    the returned optimizer is a new instance made from `optimizer`'s config.
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # noqa: N802
+                         compression=Compression.none, sparse_as_dense=False,
+                         gradient_predivide_factor=1.0, op=hvd.Average,
+                         backward_passes_per_step=1, average_aggregated_gradients=False,
+                         num_groups=0, groups=None, process_set=hvd.global_process_set,
+                         scale_local_gradients=True):
+    """Horovod's `DistributedOptimizer`, for Keras 3 optimizers.
+
+    Wrap the optimizer before its first update: the result is a new instance
+    made from `optimizer`'s config. `device_dense`, `device_sparse` and
+    `scale_local_gradients` are accepted for compatibility: hvdtrain keeps
+    tensors where TensorFlow put them and has no local (unreduced) variables.
+    `num_groups` is Horovod's older name for an integer `groups`.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer, "
+        raise TypeError("DistributedOptimizer wraps a keras.optimizers.Optimizer, "
                         f"got {type(optimizer).__name__}")
     if optimizer.built:
-        raise ValueError("DistributedOptimizer: wrap the optimizer before its "
-                         "first update (it is rebuilt from its config)")
+        raise UsageError("DistributedOptimizer: wrap the optimizer before its first "
+                         "update (it is rebuilt from its config)")
+    if (not isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+            and keras.mixed_precision.global_policy().name == "mixed_float16"):
+        optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     distributed = _distributed_class(type(optimizer)).from_config(optimizer.get_config())
-    distributed._hvd_op = op
+    configure(distributed, GradientReducer(
+        op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor,
+        groups=groups if groups is not None else (num_groups or None),
+        process_set=process_set),
+        backward_passes_per_step, average_aggregated_gradients)
+    if name:
+        distributed.name = name
     return distributed
 
 
-class _GradientAllreduce:
-    """The part of the distributed class that comes before the base class."""
+def make_distributed(optimizer, reducer=None, backward_passes_per_step=1,
+                     average_aggregated_gradients=False):
+    """Makes an existing optimizer distributed in place, keeping its state
+    (for optimizers that come out of a saved model)."""
+    if not is_distributed(optimizer):
+        optimizer.__class__ = _distributed_class(type(optimizer))
+    configure(optimizer, reducer or GradientReducer(), backward_passes_per_step,
+              average_aggregated_gradients)
+    return optimizer
 
-    _hvd_op = hvd.Average
+
+def configure(optimizer, reducer, backward_passes_per_step, average_aggregated_gradients):
+    if not (isinstance(backward_passes_per_step, int) and backward_passes_per_step >= 1):
+        raise UsageError("backward_passes_per_step must be a positive integer, "
+                         f"got {backward_passes_per_step!r}")
+    if optimizer.built and backward_passes_per_step > 1 and not optimizer._hvd_accumulators:
+        raise UsageError("backward_passes_per_step > 1 needs an optimizer that has not "
+                         "been built yet")
+    optimizer._hvd_reducer = reducer
+    optimizer._hvd_passes = backward_passes_per_step
+    optimizer._hvd_average_passes = average_aggregated_gradients
+
+
+def is_distributed(optimizer):
+    return isinstance(optimizer, _DistributedMixin)
+
+
+class _DistributedMixin:
+    """Comes before the optimizer's class in the distributed subclass."""
+
+    _hvd_reducer = GradientReducer()
+    _hvd_passes = 1
+    _hvd_average_passes = False
+    _hvd_accumulators = ()
+
+    def build(self, variables):
+        super().build(variables)
+        self._hvd_variables = list(variables)
+        if self._hvd_passes > 1:
+            self._hvd_counter = self.add_variable((), dtype="int64", name="hvd_passes")
+            self._hvd_accumulators = [
+                self.add_variable_from_reference(v, name="hvd_accumulated") for v in variables]
 
     def apply(self, grads, trainable_variables=None):
-        return super().apply(self._allreduce(list(grads)), trainable_variables)
+        if not self.built:
+            # Outside any branch below: variables cannot be created in a tf.cond.
+            with tf.name_scope(self.name):
+                self.build(trainable_variables)
+            self.built = True
+        _refuse_xla()
+        self._hvd_reducer.check_runtime()
+        variables = (list(trainable_variables) if trainable_variables is not None
+                     else self._hvd_variables)
+        if self._hvd_passes == 1:
+            return super().apply(self._hvd_reducer(grads, variables), trainable_variables)
+        return self._accumulate_then_apply(list(grads), variables, trainable_variables)
 
-    def _allreduce(self, grads):
-        if hvd.size() == 1:
-            return grads
-        present = [i for i, g in enumerate(grads) if g is not None]
-        # Sparse gradients (embeddings) are reduced densely.
-        dense = [tf.convert_to_tensor(grads[i]) for i in present]
-        reduced = hvd.grouped_allreduce(dense, op=self._hvd_op)
-        for i, g in zip(present, reduced):
-            grads[i] = g
-        return grads
+    def _accumulate_then_apply(self, grads, variables, trainable_variables):
+        apply = super().apply
+        position = {id(v): i for i, v in enumerate(self._hvd_variables)}
+        accumulators = [self._hvd_accumulators[position[id(v)]] for v in variables]
+        for accumulator, grad in zip(accumulators, grads):
+            if grad is not None:
+                accumulator.assign_add(tf.convert_to_tensor(grad))
+        self._hvd_counter.assign_add(1)
+
+        def reduce_and_apply():
+            scale = 1.0 / self._hvd_passes if self._hvd_average_passes else 1.0
+            summed = [None if g is None else a.value * scale
+                      for a, g in zip(accumulators, grads)]
+            apply(self._hvd_reducer(summed, variables), trainable_variables)
+            for accumulator in accumulators:
+                accumulator.assign(tf.zeros_like(accumulator))
+            self._hvd_counter.assign(0)
+
+        # The counter is the same on every rank, so all take the same branch
+        # and the collectives inside stay paired.
+        tf.cond(self._hvd_counter >= self._hvd_passes, reduce_and_apply, tf.no_op)
+
+
+def _refuse_xla():
+    """Horovod 0.28.1 has no XLA kernels for its collectives on CPU (and on
+    GPU only for a plain allreduce behind HOROVOD_ENABLE_XLA_OPS), so a
+    jit-compiled train step cannot contain them."""
+    from tensorflow.python.ops import control_flow_util  # no public equivalent
+    if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
+        raise UsageError("DistributedOptimizer cannot run inside XLA: compile the model "
+                         "with jit_compile=False (Horovod's collectives have no XLA kernels)")
 
 
 @functools.cache
 def _distributed_class(cls):
-    return type(cls.__name__, (_GradientAllreduce, cls),
+    return type(cls.__name__, (_DistributedMixin, cls),
                 {"__module__": cls.__module__, "__qualname__": cls.__qualname__})

@@ -9,6 +9,7 @@ TensorFlow op: device and thread settings are frozen once the runtime starts.
 import os
 
 import horovod.tensorflow as hvd
+import keras
 import tensorflow as tf
 from absl import logging
 
@@ -18,16 +19,21 @@ local_rank = hvd.local_rank
 local_size = hvd.local_size
 
 
-def init(intra_op_threads=0, inter_op_threads=0):
-    """Initialises Horovod and this process's devices and threads.
+def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=None):
+    """Initialises Horovod and this process's devices, threads and precision.
 
     Args:
       intra_op_threads: threads for one op; 0 means host cores / local processes.
       inter_op_threads: threads running independent ops; 0 keeps TF's default.
+      precision: a Keras dtype policy (e.g. mixed_float16); None keeps the current one.
+      process_sets: Horovod process sets to create with the global one.
     """
-    hvd.init()
+    hvd.init(process_sets=process_sets)
     _pin_gpu()
     _set_threads(intra_op_threads or default_intra_op_threads(), inter_op_threads)
+    if precision is not None:
+        # Layers take the policy when they are created: set it before any model.
+        keras.mixed_precision.set_global_policy(precision)
     # Rank 0 reports progress; the other ranks log only warnings and errors.
     logging.set_verbosity(logging.INFO if is_main_process() else logging.WARNING)
 

@@ -12,7 +12,10 @@ from absl import logging
 
 from hvdtrain import callbacks, checkpoint, data, runtime
 from hvdtrain import recipe as recipe_lib
+from hvdtrain.compression import Compression
 from hvdtrain.optimizer import DistributedOptimizer
+
+COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16, "bf16": Compression.bf16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +30,7 @@ def train(config):
     """Trains `config.recipe` data-parallel on all Horovod processes."""
     config.validate()
     recipe = recipe_lib.get(config.recipe)
-    runtime.init(config.intra_op_threads, config.inter_op_threads)
+    runtime.init(config.intra_op_threads, config.inter_op_threads, precision=config.precision)
     keras.utils.set_random_seed(config.seed)
 
     splits = recipe.load_data(config)
@@ -41,8 +44,14 @@ def train(config):
 
     model = recipe.build_model(config)
     learning_rate = config.learning_rate * hvd.size()
-    model.compile(optimizer=DistributedOptimizer(_optimizer(config, learning_rate)),
-                  loss=recipe.loss, metrics=list(recipe.metrics))
+    optimizer = DistributedOptimizer(
+        _optimizer(config, learning_rate), compression=COMPRESSIONS[config.compression],
+        sparse_as_dense=config.sparse_as_dense,
+        backward_passes_per_step=config.backward_passes_per_step,
+        average_aggregated_gradients=True)
+    # XLA cannot hold Horovod's collectives; Keras would pick it on GPUs.
+    model.compile(optimizer=optimizer, loss=recipe.loss, metrics=list(recipe.metrics),
+                  jit_compile=False)
 
     model_dir = pathlib.Path(config.model_dir or pathlib.Path("runs", recipe.name))
     fit_callbacks = [

@@ -34,7 +34,7 @@ def build_model(config):
         layers.Flatten(),
         layers.Dropout(0.25),
         layers.Dense(128, activation="relu"),
-        layers.Dense(10),
+        layers.Dense(10, dtype="float32"),  # logits in float32 under mixed precision
     ], name="digits_cnn")
 
 

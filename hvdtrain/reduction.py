@@ -1,0 +1,158 @@
+"""Reducing a list of gradients across Horovod processes, with Horovod's
+options; shared by DistributedOptimizer and DistributedGradientTape.
+
+Dense gradients of a group go through one `hvd.grouped_allreduce` (Horovod
+negotiates them together and fuses them into few ring-allreduces). Sparse
+gradients (tf.IndexedSlices, from embeddings) are allgathered, as Horovod
+does, unless `sparse_as_dense` turns them into dense tensors first.
+"""
+
+import dataclasses
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from hvdtrain.compression import BF16Compressor, Compression
+from hvdtrain.errors import UsageError
+
+OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
+
+
+@dataclasses.dataclass(frozen=True)
+class GradientReducer:
+    """Horovod's gradient-reduction options, with their documented meaning.
+
+    op: hvd.Average, hvd.Sum or hvd.Adasum (Adasum needs the MPI controller).
+    compression: Compression.none, .fp16 or .bf16.
+    sparse_as_dense: reduce IndexedSlices densely instead of allgathering them.
+    gradient_predivide_factor: with Average, scale by 1/f before the sum and
+      f/size after it (keeps fp16 sums of many ranks in range).
+    groups: None (all gradients in one group), a number of groups of
+      consecutive gradients, or lists of variables reduced together (every
+      other variable then forms a group of its own).
+    process_set: the processes to reduce over.
+    """
+    op: object = hvd.Average
+    compression: type = Compression.none
+    sparse_as_dense: bool = False
+    gradient_predivide_factor: float = 1.0
+    groups: object = None
+    process_set: object = hvd.global_process_set
+
+    def __post_init__(self):
+        if self.op not in OPS.values():
+            raise UsageError(f"op must be hvd.Average, hvd.Sum or hvd.Adasum, got {self.op!r}")
+        if self.gradient_predivide_factor != 1.0 and self.op != hvd.Average:
+            raise UsageError("gradient_predivide_factor needs op=hvd.Average")
+        if self.gradient_predivide_factor <= 0:
+            raise UsageError("gradient_predivide_factor must be positive")
+        if self.compression is BF16Compressor and self.op == hvd.Adasum:
+            raise UsageError("bf16 compression supports op=hvd.Average and hvd.Sum, not Adasum")
+        if self.groups is not None and not isinstance(self.groups, list) and not (
+                isinstance(self.groups, int) and self.groups > 0):
+            raise UsageError("groups must be a positive number or a list of lists of variables")
+
+    def check_runtime(self):
+        """Checks what depends on how Horovod was started (after hvd.init)."""
+        if self.op == hvd.Adasum and self.size() > 1 and not hvd.mpi_enabled():
+            raise UsageError("op=hvd.Adasum needs Horovod's MPI controller "
+                             "(horovodrun --mpi); use hvd.Average with Gloo")
+
+    def size(self):
+        return self.process_set.size()
+
+    def __call__(self, grads, variables=None):
+        """Returns `grads` reduced across the process set (None stays None)."""
+        grads = list(grads)
+        if self.size() == 1:
+            return grads
+        if self.sparse_as_dense:
+            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                     for g in grads]
+        present = [i for i, g in enumerate(grads) if g is not None]
+        reduced = list(grads)
+        for number, group in enumerate(self._split(present, variables)):
+            for i, g in zip(group, self._reduce_group([grads[i] for i in group], number)):
+                reduced[i] = g
+        return reduced
+
+    def _split(self, indices, variables):
+        if self.groups is None:
+            return [indices] if indices else []
+        if isinstance(self.groups, int):
+            count = min(self.groups, len(indices))
+            return [indices[k * len(indices) // count:(k + 1) * len(indices) // count]
+                    for k in range(count)]
+        if variables is None:
+            raise UsageError("groups given as lists of variables need the variables "
+                             "with the gradients")
+        position = {id(v): i for i, v in enumerate(variables)}
+        grouped = [[position[id(v)] for v in group if position.get(id(v)) in indices]
+                   for group in self.groups]
+        taken = {i for group in grouped for i in group}
+        return [g for g in grouped if g] + [[i] for i in indices if i not in taken]
+
+    def _reduce_group(self, tensors, number):
+        sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+        dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+        out = [None] * len(tensors)
+        if sparse:
+            # Allgathered values, divided by size for Average (Horovod's rule);
+            # pre/post-scaling does not apply to them.
+            op = hvd.Sum if self.op == hvd.Sum else hvd.Average
+            for i, t in zip(sparse, hvd.grouped_allreduce(
+                    [tensors[i] for i in sparse], op=op, process_set=self.process_set)):
+                out[i] = t
+        if dense:
+            for i, t in zip(dense, self._reduce_dense([tensors[i] for i in dense], number)):
+                out[i] = t
+        return out
+
+    def _reduce_dense(self, tensors, number):
+        if self.compression is BF16Compressor:
+            return _bf16_allreduce(tensors, self.op == hvd.Average, self.process_set,
+                                   name=f"hvdtrain.bf16.{number}")
+        op, prescale, postscale = self.op, 1.0, 1.0
+        if self.gradient_predivide_factor != 1.0:
+            op = hvd.Sum
+            prescale = 1.0 / self.gradient_predivide_factor
+            postscale = self.gradient_predivide_factor / self.size()
+        return hvd.grouped_allreduce(tensors, op=op, compression=self.compression,
+                                     prescale_factor=prescale, postscale_factor=postscale,
+                                     process_set=self.process_set)
+
+
+def _bf16_allreduce(tensors, average, process_set, name):
+    """Sum (or average) of float tensors sent as bfloat16, summed in float32.
+
+    The group is flattened into one buffer and reduced like a ring allreduce,
+    in two phases of the same volume: an alltoall hands each rank one slice
+    of every rank's buffer (a reduce-scatter, summed locally in float32),
+    then an allgather shares the reduced slices. Horovod moves the 16-bit
+    payloads as uint16 bits, since it cannot add bfloat16 itself.
+    """
+    size = process_set.size()
+    dtypes = [t.dtype for t in tensors]
+    shapes = [tf.shape(t) for t in tensors]
+    flat = tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors], axis=0)
+    length = tf.shape(flat)[0]
+    padded = -(-length // size) * size
+    flat = tf.pad(flat, [[0, padded - length]])
+    slices = tf.reshape(_to_bits(flat), [size, -1])
+    received = hvd.alltoall(slices, name=f"{name}.scatter", process_set=process_set)
+    mine = tf.reduce_sum(_from_bits(received), axis=0)
+    if average:
+        mine = mine / size
+    gathered = hvd.allgather(_to_bits(mine), name=f"{name}.gather", process_set=process_set)
+    total = _from_bits(gathered)[:length]
+    sizes = [tf.reduce_prod(s) for s in shapes]
+    return [tf.cast(tf.reshape(part, shape), dtype)
+            for part, shape, dtype in zip(tf.split(total, tf.stack(sizes)), shapes, dtypes)]
+
+
+def _to_bits(values):
+    return tf.bitcast(tf.cast(values, tf.bfloat16), tf.uint16)
+
+
+def _from_bits(bits):
+    return tf.cast(tf.bitcast(bits, tf.bfloat16), tf.float32)
