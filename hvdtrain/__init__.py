@@ -7,6 +7,8 @@ fail in milliseconds, before TensorFlow starts.
 import importlib
 
 _EXPORTS = {
+    "Compression": "hvdtrain.compression",
+    "DistributedGradientTape": "hvdtrain.tape",
     "DistributedOptimizer": "hvdtrain.optimizer",
     "Recipe": "hvdtrain.recipe",
     "Splits": "hvdtrain.recipe",

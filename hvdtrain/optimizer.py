@@ -144,7 +144,7 @@ class _DistributedMixin:
 
         # The counter is the same on every rank, so all take the same branch
         # and the collectives inside stay paired.
-        tf.cond(self._hvd_counter >= self._hvd_passes, reduce_and_apply, tf.no_op)
+        tf.cond(self._hvd_counter >= self._hvd_passes, reduce_and_apply, lambda: None)
 
 
 def _refuse_xla():
