@@ -54,9 +54,14 @@ class GradientReducer:
 
     def check_runtime(self):
         """Checks what depends on how Horovod was started (after hvd.init)."""
-        if self.op == hvd.Adasum and self.size() > 1 and not hvd.mpi_enabled():
+        if self.op != hvd.Adasum or self.size() == 1:
+            return
+        if not hvd.mpi_enabled():
             raise UsageError("op=hvd.Adasum needs Horovod's MPI controller "
                              "(horovodrun --mpi); use hvd.Average with Gloo")
+        if self.process_set != hvd.global_process_set or self.size() & (self.size() - 1):
+            raise UsageError("op=hvd.Adasum needs the global process set and a power-of-2 "
+                             "number of processes")
 
     def size(self):
         return self.process_set.size()
@@ -112,6 +117,11 @@ class GradientReducer:
         if self.compression is BF16Compressor:
             return _bf16_allreduce(tensors, self.op == hvd.Average, self.process_set,
                                    name=f"hvdtrain.bf16.{number}")
+        if self.op == hvd.Adasum:
+            # One allreduce per tensor: Horovod 0.28.1's grouped_allreduce
+            # fails on Adasum (a Python scoping bug); Horovod still fuses these.
+            return [hvd.allreduce(t, op=hvd.Adasum, compression=self.compression,
+                                  process_set=self.process_set) for t in tensors]
         op, prescale, postscale = self.op, 1.0, 1.0
         if self.gradient_predivide_factor != 1.0:
             op = hvd.Sum
