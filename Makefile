@@ -5,7 +5,7 @@ NP ?= 2
 MODEL_DIR ?= runs/digits_cnn
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test bench clean
 
 setup:
 	HVDTRAIN_VENV=$(VENV) bash scripts/install.sh
@@ -15,6 +15,9 @@ demo: setup
 
 test: setup
 	python -m pytest tests
+
+bench: setup
+	python bench/gradient_exchange.py
 
 clean:
 	rm -rf runs .pytest_cache

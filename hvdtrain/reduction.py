@@ -1,8 +1,9 @@
 """Reducing a list of gradients across Horovod processes, with Horovod's
 options; shared by DistributedOptimizer and DistributedGradientTape.
 
-Dense gradients of a group go through one `hvd.grouped_allreduce` (Horovod
-negotiates them together and fuses them into few ring-allreduces). Sparse
+Dense gradients of an explicit group go through one `hvd.grouped_allreduce`
+(negotiated together, fused into few ring-allreduces); without groups each
+has its own allreduce, and Horovod fuses those ready in the same cycle. Sparse
 gradients (tf.IndexedSlices, from embeddings) are allgathered, as Horovod
 does, unless `sparse_as_dense` turns them into dense tensors first.
 """
@@ -27,9 +28,9 @@ class GradientReducer:
     sparse_as_dense: reduce IndexedSlices densely instead of allgathering them.
     gradient_predivide_factor: with Average, scale by 1/f before the sum and
       f/size after it (keeps fp16 sums of many ranks in range).
-    groups: None (all gradients in one group), a number of groups of
-      consecutive gradients, or lists of variables reduced together (every
-      other variable then forms a group of its own).
+    groups: None (no explicit groups: Horovod fuses dynamically), a number
+      of groups of consecutive gradients, or lists of variables reduced
+      together (every other variable then forms a group of its own).
     process_set: the processes to reduce over.
     """
     op: object = hvd.Average
@@ -83,7 +84,12 @@ class GradientReducer:
 
     def _split(self, indices, variables):
         if self.groups is None:
-            return [indices] if indices else []
+            if self.compression is BF16Compressor:
+                return [indices] if indices else []  # one flat 16-bit buffer
+            # Horovod's default: no explicit groups. Each gradient's allreduce
+            # can start as soon as that gradient exists, overlapping the rest
+            # of the backward pass, and Horovod fuses those that meet in a cycle.
+            return [[i] for i in indices]
         if isinstance(self.groups, int):
             count = min(self.groups, len(indices))
             return [indices[k * len(indices) // count:(k + 1) * len(indices) // count]

@@ -1,0 +1,136 @@
+"""What hvdtrain's gradient exchange costs inside a training step, against
+raw `hvd.grouped_allreduce` on the same tensors, measured in the same run.
+
+    python bench/gradient_exchange.py [--controllers=gloo,mpi] [--rounds=30]
+
+launches itself under `horovodrun -np 2` once per controller. Each worker
+times, in interleaved rounds (so drift on a noisy machine hits all alike):
+  raw       a tf.function of hvd.grouped_allreduce over tensors shaped like
+            the model's gradients;
+  reducer   the same through hvdtrain's GradientReducer (the code the
+            optimizer runs), alone;
+  local     one train step of `model.fit`'s compiled function with a plain
+            optimizer (no exchange);
+  hvdtrain  the same step with hvdtrain.DistributedOptimizer.
+The exchange inside the step is hvdtrain - local; the ratio
+(hvdtrain - local) / raw is hvdtrain's cost relative to the bare collective
+(goal: at most 1.10), and reducer / raw the cost of its code alone. Rank 0
+prints a table and writes JSON.
+"""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+flags.DEFINE_list("controllers", ["gloo", "mpi"], "Horovod controllers to measure.")
+flags.DEFINE_integer("rounds", 30, "Interleaved timing rounds.")
+flags.DEFINE_integer("steps", 5, "Steps (or collectives) timed per round and kind.")
+flags.DEFINE_integer("width", 1024, "Width of the MLP's hidden layers (gradient size ~ 3 x width^2).")
+flags.DEFINE_string("output", "runs/bench/gradient_exchange.json", "Where rank 0 writes the results.")
+flags.DEFINE_bool("worker", False, "Internal: run as one Horovod worker.")
+FLAGS = flags.FLAGS
+
+
+def launch(argv):
+    results = {}
+    for controller in FLAGS.controllers:
+        out = pathlib.Path(FLAGS.output).with_suffix(f".{controller}.json")
+        command = ["horovodrun", "-np", "2", "-H", "localhost:2", f"--{controller}",
+                   sys.executable, __file__, "--worker", f"--rounds={FLAGS.rounds}",
+                   f"--steps={FLAGS.steps}", f"--width={FLAGS.width}", f"--output={out}"]
+        subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       stdout=subprocess.DEVNULL)
+        results[controller] = json.loads(out.read_text())
+    print(f"gradient exchange, np=2, {results[FLAGS.controllers[0]]['gradient_mb']:.1f} MB "
+          "of float32 gradients per step (medians, ms)")
+    print(f"{'controller':<11}{'raw':>8}{'reducer':>9}{'local':>8}{'hvdtrain':>10}"
+          f"{'exchange':>10}{'ratio':>8}{'reducer/raw':>13}")
+    for controller, r in results.items():
+        print(f"{controller:<11}{r['raw_ms']:>8.2f}{r['reducer_ms']:>9.2f}{r['local_ms']:>8.2f}"
+              f"{r['hvdtrain_ms']:>10.2f}{r['exchange_ms']:>10.2f}{r['ratio']:>8.3f}"
+              f"{r['reducer_ratio']:>13.3f}")
+    pathlib.Path(FLAGS.output).write_text(json.dumps(results, indent=2))
+    print(f"ratio = (hvdtrain - local) / raw; goal <= 1.10. JSON: {FLAGS.output}")
+
+
+def work():
+    import horovod.tensorflow as hvd
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import hvdtrain
+    from hvdtrain.reduction import GradientReducer
+
+    hvdtrain.init()
+
+    def model():
+        keras.utils.set_random_seed(0)
+        layers = [keras.Input((FLAGS.width,))]
+        layers += [keras.layers.Dense(FLAGS.width, activation="relu") for _ in range(3)]
+        return keras.Sequential(layers + [keras.layers.Dense(10)])
+
+    x = np.random.default_rng(0).normal(size=(8, FLAGS.width)).astype("float32")
+    y = np.zeros(8, "int32")
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def step_function(optimizer):
+        net = model()
+        net.compile(optimizer=optimizer, loss=loss, jit_compile=False)
+        net.fit(x, y, batch_size=8, epochs=1, verbose=0)  # builds and traces
+        train_function = net.train_function
+        data = iter(tf.data.Dataset.from_tensors((x, y)).repeat())
+        return net, lambda: train_function(data)
+
+    local_model, local_step = step_function(keras.optimizers.SGD(0.001))
+    _, hvdtrain_step = step_function(hvdtrain.DistributedOptimizer(keras.optimizers.SGD(0.001)))
+    tensors = [tf.zeros_like(v) for v in local_model.trainable_variables]
+    allreduce = tf.function(lambda ts: hvd.grouped_allreduce(ts, op=hvd.Average))
+
+    def raw():
+        return allreduce(tensors)
+
+    reduce = tf.function(GradientReducer())
+
+    def reducer():
+        return reduce(tensors)
+
+    def timed(fn):
+        hvd.allreduce(tf.constant(0.0), name="bench.sync")  # start the ranks together
+        start = time.perf_counter()
+        for _ in range(FLAGS.steps):
+            result = fn()
+        np.asarray(tf.nest.flatten(result)[0])  # wait for the last one
+        return (time.perf_counter() - start) / FLAGS.steps * 1000
+
+    kinds = {"raw": raw, "reducer": reducer, "local": local_step, "hvdtrain": hvdtrain_step}
+    for fn in kinds.values():  # warm-up
+        timed(fn)
+    samples = {kind: [] for kind in kinds}
+    for _ in range(FLAGS.rounds):
+        for kind, fn in kinds.items():
+            samples[kind].append(timed(fn))
+    medians = {f"{k}_ms": float(np.median(v)) for k, v in samples.items()}
+    exchange = [h - l for h, l in zip(samples["hvdtrain"], samples["local"])]
+    result = {**medians, "exchange_ms": float(np.median(exchange)),
+              "gradient_mb": sum(int(np.prod(t.shape)) for t in tensors) * 4 / 2**20,
+              "rounds": FLAGS.rounds, "steps_per_round": FLAGS.steps, "samples_ms": samples}
+    result["ratio"] = result["exchange_ms"] / result["raw_ms"]
+    result["reducer_ratio"] = result["reducer_ms"] / result["raw_ms"]
+    if hvdtrain.is_main_process():
+        path = pathlib.Path(FLAGS.output)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2))
+
+
+def main(argv):
+    work() if FLAGS.worker else launch(argv)
+
+
+if __name__ == "__main__":
+    app.run(main)
