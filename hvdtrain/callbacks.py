@@ -1,10 +1,13 @@
 """Keras 3 callbacks for data-parallel training, with Horovod's names and meaning."""
 
+import os
+
 import keras
 from absl import logging
 
 import horovod.tensorflow as hvd
-from hvdtrain import collectives
+from hvdtrain import checkpoint, collectives, runtime
+from hvdtrain.errors import UsageError
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -12,31 +15,59 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     training starts, so all ranks begin identical (random init, or a
     checkpoint restored on one rank only).
 
-    Keras 3 builds the optimizer before `on_train_begin`, so its slots are
-    broadcast before the first step rather than after it as in Keras 2.
+    A model built before `fit` (one with an Input) is broadcast before the
+    first step, its optimizer built for it. Keras builds a model without an
+    Input only when it traces the first step: that one is broadcast after
+    the first step, as Horovod does with Keras 2 (the ranks take that step
+    with the same reduced gradients, then all continue from rank 0's state).
+    `local_variables` (or `register_local_var`) keep their own value on each
+    rank; `device` is accepted for compatibility.
     """
 
-    def __init__(self, root_rank=0):
+    def __init__(self, root_rank=0, device="", local_variables=None):
         super().__init__()
         self.root_rank = root_rank
         self.broadcast_done = False
+        self._local_variables = set()
+        if local_variables is not None:
+            local_variables = (local_variables if isinstance(local_variables, (list, tuple))
+                               else [local_variables])
+            for variable in local_variables:
+                self.register_local_var(variable)
+
+    def register_local_var(self, var):
+        """Leaves `var` (a model or optimizer variable) out of the broadcast."""
+        self._local_variables.add(id(var))
 
     def on_train_begin(self, logs=None):
+        if self.model.built:
+            self._broadcast()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._broadcast()
+
+    def _broadcast(self):
         if self.broadcast_done:
             return
         optimizer = self.model.optimizer
         if optimizer is not None and not optimizer.built:
             optimizer.build(self.model.trainable_variables)
         optimizer_variables = optimizer.variables if optimizer is not None else []
-        collectives.broadcast_variables(
-            list(self.model.variables) + list(optimizer_variables), self.root_rank)
+        # Once each: an optimizer may also track the model's weights.
+        variables = {id(v): v for v in [*self.model.variables, *optimizer_variables]
+                     if id(v) not in self._local_variables}
+        collectives.broadcast_variables(variables.values(), self.root_rank)
         self.broadcast_done = True
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
     """Replaces each epoch's metrics by their average over the ranks, before
     the callbacks that come after it (progress bar, history, checkpoints)
-    read them. Put it before those in the callback list."""
+    read them. Put it before those in the callback list. `device` is
+    accepted for compatibility."""
+
+    def __init__(self, device=""):
+        super().__init__()
 
     def on_epoch_end(self, epoch, logs=None):
         if not logs:
@@ -49,28 +80,36 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):
     """Sets the learning rate to `initial_lr * multiplier(epoch)` while
-    `start_epoch <= epoch < end_epoch`.
+    `start_epoch <= epoch < end_epoch`, as Horovod 0.28 does.
 
     With `staircase` the rate changes at the first batch of each epoch;
     otherwise at every batch, with a fractional epoch
-    `epoch + batch / steps_per_epoch`. A constant `multiplier` implies
-    staircase.
+    `epoch + batch / steps_per_epoch`. A constant `multiplier` means
+    exponential decay: `multiplier ** (epoch - start_epoch)`.
+
+    With `momentum_correction`, a step whose rate differs from the previous
+    step's uses momentum x new / old rate (Goyal et al., 2017, section 2.1),
+    for the optimizers Horovod corrects: Keras's SGD and RMSprop with
+    momentum, also inside a LossScaleOptimizer; others are left alone.
     """
 
     def __init__(self, initial_lr, multiplier, start_epoch=0, end_epoch=None,
-                 staircase=True, steps_per_epoch=None):
+                 staircase=True, momentum_correction=True, steps_per_epoch=None):
         super().__init__()
+        if initial_lr is None:
+            raise ValueError("initial_lr is required")
         self.initial_lr = initial_lr
         if callable(multiplier):
             self.multiplier = multiplier
-            self.staircase = staircase
         else:
-            self.multiplier = lambda epoch: multiplier
-            self.staircase = True
+            self.multiplier = lambda epoch: multiplier ** (epoch - start_epoch)
         self.start_epoch = start_epoch
         self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch = 0
+        self._correction = None
 
     def on_train_begin(self, logs=None):
         if not self.staircase and not self.steps_per_epoch:
@@ -92,12 +131,23 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         else:
             self._set_learning_rate(self.current_epoch + batch / self.steps_per_epoch)
 
+    def on_train_batch_end(self, batch, logs=None):
+        if self._correction is not None:
+            self._correction.end()
+            self._correction = None
+
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs["learning_rate"] = float(self.model.optimizer.learning_rate)
 
     def _set_learning_rate(self, epoch):
-        self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
+        optimizer = self.model.optimizer
+        old_lr = float(optimizer.learning_rate)
+        optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
+        new_lr = float(optimizer.learning_rate)  # as stored, in float32
+        # From a rate of 0 no ratio exists (Horovod would divide by zero).
+        if self.momentum_correction and old_lr != 0 and new_lr != old_lr:
+            self._correction = _MomentumCorrection.begin(optimizer, new_lr / old_lr)
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
@@ -105,14 +155,16 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     worker's rate) to `initial_lr` (the rate scaled for `size` workers) over
     the first `warmup_epochs` epochs, batch by batch (Goyal et al., 2017)."""
 
-    def __init__(self, initial_lr, warmup_epochs=5, steps_per_epoch=None, verbose=0):
+    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
+                 steps_per_epoch=None, verbose=0):
         def multiplier(epoch):
             # Counting the batch being started makes each epoch end on a round value.
             epoch += 1.0 / self.steps_per_epoch
             return (epoch * (hvd.size() - 1) / warmup_epochs + 1) / hvd.size()
 
         super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
-                         staircase=False, steps_per_epoch=steps_per_epoch)
+                         staircase=False, momentum_correction=momentum_correction,
+                         steps_per_epoch=steps_per_epoch)
         self.verbose = verbose
 
     def on_epoch_end(self, epoch, logs=None):
@@ -120,3 +172,78 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         if self.verbose and epoch == self.end_epoch - 1:
             logging.info("epoch %d: learning rate warm-up done, at %g",
                          epoch + 1, float(self.model.optimizer.learning_rate))
+
+
+class _MomentumCorrection:
+    """Runs one step as if the optimizer's momentum were `momentum * ratio`.
+
+    Horovod changes `optimizer.momentum` for the step and restores it after;
+    Keras 3 bakes `momentum` into the traced train step, so this scales the
+    velocity slots instead. SGD updates `v = momentum * v - lr * g` and RMSprop
+    `v = momentum * v + lr * g / rms`, then apply `v`: scaling `v` by `ratio`
+    before the step is using `momentum * ratio` in it. Nesterov SGD reads
+    momentum once more, `w += momentum * v - lr * g`; the missing
+    `momentum * (ratio - 1) * v` is added to the weights after the step.
+    """
+
+    def __init__(self, optimizer, slots, ratio):
+        self.optimizer = optimizer
+        self.slots = slots
+        self.ratio = ratio
+        self.iterations = int(optimizer.iterations)
+        for slot in slots:
+            slot.assign(slot * ratio)
+
+    @classmethod
+    def begin(cls, optimizer, ratio):
+        """The correction for this step, or None if `optimizer` has no momentum."""
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            optimizer = optimizer.inner_optimizer
+        if not optimizer.built or not getattr(optimizer, "momentum", 0):
+            return None
+        if isinstance(optimizer, keras.optimizers.SGD):
+            return cls(optimizer, optimizer.momentums, ratio)
+        if isinstance(optimizer, keras.optimizers.RMSprop):
+            return cls(optimizer, optimizer._momentums, ratio)  # no public name
+        return None
+
+    def end(self):
+        if int(self.optimizer.iterations) == self.iterations:
+            # No update this batch (gradients being accumulated, or a loss-scale
+            # skip): the slots are as the step left them, so undo the scaling.
+            for slot in self.slots:
+                slot.assign(slot / self.ratio)
+        elif getattr(self.optimizer, "nesterov", False):
+            extra = self.optimizer.momentum * (self.ratio - 1)
+            # The slots follow the order of the variables the optimizer was built with.
+            for variable, slot in zip(self.optimizer._trainable_variables, self.slots):
+                variable.assign_add(slot * extra)
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Horovod's `BestModelCheckpoint`: a ModelCheckpoint with
+    `save_best_only=True` whose `filepath` may be given later (set the
+    attribute before training). Only rank 0 writes, under a temporary name
+    renamed into place, so a reader never sees half a file."""
+
+    def __init__(self, monitor="val_loss", verbose=0, save_weights_only=False, mode="auto",
+                 save_freq="epoch", filepath=None):
+        # Keras checks the suffix now; a path given later is checked when saving.
+        placeholder = "best.weights.h5" if save_weights_only else "best.keras"
+        super().__init__(filepath or placeholder, monitor=monitor, verbose=verbose,
+                         save_best_only=True, save_weights_only=save_weights_only,
+                         mode=mode, save_freq=save_freq)
+        self.filepath = os.fspath(filepath) if filepath is not None else None
+
+    def on_train_begin(self, logs=None):
+        if not self.filepath:
+            raise UsageError("BestModelCheckpoint: set its filepath before training")
+        super().on_train_begin(logs)
+
+    def _save_model(self, epoch, batch, logs):
+        # Keras 3.15's own version (private API; Keras is pinned), writing atomically.
+        if not runtime.is_main_process():
+            return
+        filepath = self._get_file_path(epoch, batch, logs)
+        if self._should_save_model(epoch, batch, logs, filepath):
+            checkpoint.save_model(self.model, filepath, weights_only=self.save_weights_only)

@@ -7,14 +7,18 @@ import pathlib
 import keras
 
 
-def save_model(model, path):
-    """Saves `model` in the `.keras` format at `path`, atomically."""
+def save_model(model, path, weights_only=False):
+    """Saves `model` at `path` (`.keras`, or `.weights.h5` with
+    `weights_only`), atomically."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Keras insists on the suffix, so the temporary name keeps it.
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    # Keras insists on the suffixes, so the temporary name ends with the name.
+    tmp = path.with_name(f".tmp.{os.getpid()}.{path.name}")
     try:
-        model.save(tmp)
+        if weights_only:
+            model.save_weights(tmp)
+        else:
+            model.save(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -1,0 +1,55 @@
+"""Learning-rate callbacks at np=2: Horovod's warm-up formula per batch and
+schedules, with momentum correction, against a numpy reference."""
+
+import numpy as np
+import pytest
+
+import momentum_reference
+from launch import horovodrun, worker
+
+# As in workers/lr_schedules.py.
+STEPS, GLOBAL_BATCH, EPOCHS, LR, SIZE = 3, 8, 3, 0.05, 2
+
+
+def _global_batches():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(STEPS * GLOBAL_BATCH, 3))
+    y = x @ np.array([[1.0], [-2.0], [0.5]]) + 0.3
+    return [(x[i:i + GLOBAL_BATCH], y[i:i + GLOBAL_BATCH])
+            for i in range(0, len(x), GLOBAL_BATCH)] * EPOCHS
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lr")
+    result = horovodrun([*worker("lr_schedules"), out])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return {name: [np.load(out / f"{name}.rank{r}.npz") for r in range(SIZE)]
+            for name in ("warmup", "decay")}
+
+
+def _check_training(ranks, lrs, rule):
+    rank0, rank1 = ranks
+    for key in ("lrs", "w", "b"):
+        np.testing.assert_array_equal(rank0[key], rank1[key], err_msg=key)
+    np.testing.assert_allclose(rank0["lrs"], lrs, rtol=1e-6)
+    initial = (rank0["w0"], rank0["b0"])
+    expected = momentum_reference.train(*initial, _global_batches(), lrs, LR, 0.9, rule)
+    for actual, wanted in zip((rank0["w"], rank0["b"]), expected):
+        np.testing.assert_allclose(actual, wanted, rtol=1e-5, atol=1e-6)
+    uncorrected = momentum_reference.train(*initial, _global_batches(), lrs, LR, 0.9, rule,
+                                           corrected=False)
+    assert not np.allclose(rank0["w"], uncorrected[0], rtol=1e-4, atol=1e-5)
+
+
+def test_warmup_follows_horovods_formula_with_momentum_correction(runs):
+    # lr = LR / size * ((epoch + (batch + 1) / steps) * (size - 1) / warmup + 1),
+    # from LR / size + a step's worth to LR at the end of epoch 2; then LR.
+    warmup = [LR / SIZE * ((e + (b + 1) / STEPS) * (SIZE - 1) / 2 + 1)
+              for e in range(2) for b in range(STEPS)]
+    assert warmup[-1] == pytest.approx(LR)
+    _check_training(runs["warmup"], warmup + [LR] * STEPS, "sgd")
+
+
+def test_staircase_decay_with_nesterov_momentum_correction(runs):
+    _check_training(runs["decay"], [LR] * STEPS + [LR] * STEPS + [LR / 2] * STEPS, "nesterov")
