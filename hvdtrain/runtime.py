@@ -19,7 +19,8 @@ local_rank = hvd.local_rank
 local_size = hvd.local_size
 
 
-def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=None):
+def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=None,
+         comm=None):
     """Initialises Horovod and this process's devices, threads and precision.
 
     Args:
@@ -27,8 +28,9 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
       inter_op_threads: threads running independent ops; 0 keeps TF's default.
       precision: a Keras dtype policy (e.g. mixed_float16); None keeps the current one.
       process_sets: Horovod process sets to create with the global one.
+      comm: Horovod's `comm`: the MPI communicator or ranks to run on.
     """
-    hvd.init(process_sets=process_sets)
+    hvd.init(comm=comm, process_sets=process_sets)
     _pin_gpu()
     _set_threads(intra_op_threads or default_intra_op_threads(), inter_op_threads)
     if precision is not None:
