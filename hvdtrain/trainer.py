@@ -67,6 +67,7 @@ def train(config):
 
     start = time.perf_counter()
     history = model.fit(train_data.dataset, epochs=config.epochs,
+                        steps_per_epoch=train_data.steps,
                         validation_data=validation_data.dataset,
                         callbacks=fit_callbacks, verbose=_verbosity(config),
                         shuffle=False)  # the pipeline shuffles

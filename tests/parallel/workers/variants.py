@@ -70,9 +70,9 @@ def run(variant):
     if variant["loop"] == "fit":
         net.compile(optimizer=hvdtrain.DistributedOptimizer(
             sgd, backward_passes_per_step=variant["passes"], **options), loss="mse")
-        net.fit(sharded.dataset, epochs=1, verbose=0, shuffle=False)
+        net.fit(sharded.dataset, epochs=1, steps_per_epoch=sharded.steps, verbose=0)
     else:
-        for xb, yb in sharded.dataset:
+        for xb, yb in sharded.dataset.take(sharded.steps):
             with tf.GradientTape() as tape:
                 loss = keras.losses.mean_squared_error(yb, net(xb, training=True))
                 loss = tf.reduce_mean(loss)
