@@ -13,6 +13,7 @@ from absl import logging
 from hvdtrain import callbacks, checkpoint, data, runtime
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.compression import Compression
+from hvdtrain.evaluation import ExactEvaluation
 from hvdtrain.optimizer import DistributedOptimizer
 
 COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16, "bf16": Compression.bf16}
@@ -56,7 +57,9 @@ def train(config):
     model_dir = pathlib.Path(config.model_dir or pathlib.Path("runs", recipe.name))
     fit_callbacks = [
         callbacks.BroadcastGlobalVariablesCallback(root_rank=0),
-        # Before everything that reads the epoch's metrics.
+        # Validation metrics: exact over the whole split.
+        ExactEvaluation(validation_data.steps),
+        # Training metrics: averaged, before everything that reads them.
         callbacks.MetricAverageCallback(),
     ]
     if config.warmup_epochs:
