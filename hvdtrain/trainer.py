@@ -69,9 +69,9 @@ def train(config):
         fit_callbacks.append(checkpoint.EpochCheckpoint(model_dir / "checkpoint.keras"))
 
     start = time.perf_counter()
-    history = model.fit(train_data.dataset, epochs=config.epochs,
+    history = model.fit(train_data.for_epochs(config.epochs), epochs=config.epochs,
                         steps_per_epoch=train_data.steps,
-                        validation_data=validation_data.dataset,
+                        validation_data=validation_data.batches(),
                         callbacks=fit_callbacks, verbose=_verbosity(config),
                         shuffle=False)  # the pipeline shuffles
     seconds = time.perf_counter() - start

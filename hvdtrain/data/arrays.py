@@ -11,14 +11,11 @@ def from_arrays(arrays, batch_size, *, training, seed=0):
     examples = len(tf.nest.flatten(arrays)[0])
     shard = tf.nest.map_structure(lambda a: a[hvd.rank()::hvd.size()], arrays)
     shard_examples = len(tf.nest.flatten(shard)[0])
+    rows = tf.data.Dataset.from_tensor_slices(shard)
     if not training:
-        rows = tf.data.Dataset.from_tensor_slices(shard)
         return sharding.evaluation(lambda epoch: rows, shard_examples, examples, batch_size)
-    tensors = tf.nest.map_structure(tf.constant, shard)
 
     def shuffled(epoch):
-        order = sharding.permutation(shard_examples, seed, epoch)
-        return tf.data.Dataset.from_tensor_slices(order).map(
-            lambda i: tf.nest.map_structure(lambda t: tf.gather(t, i), tensors))
+        return rows.shuffle(shard_examples, seed=sharding.epoch_seed(seed, epoch))
 
     return sharding.training(shuffled, shard_examples, examples, batch_size, hvd.size())

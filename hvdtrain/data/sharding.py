@@ -28,46 +28,40 @@ from hvdtrain.errors import UsageError
 @dataclasses.dataclass(frozen=True)
 class ShardedDataset:
     """One worker's view of a split."""
-    epoch_batches: object   # epoch (an int64 tensor) -> that epoch's batches on this worker
-    steps: int              # batches per epoch on this worker
-    examples: int           # examples in the whole split
-    dropped: int            # training: examples no worker reads in an epoch
-    training: bool
+    batches: object     # epoch (an int) -> that epoch's batches on this worker
+    steps: int          # batches per epoch on this worker
+    examples: int       # examples in the whole split
+    dropped: int        # training: examples no worker reads in an epoch
 
-    @property
-    def dataset(self):
-        """Training: the batches of epoch 0, 1, 2, ... without end (give
-        `model.fit` steps_per_epoch=steps); evaluation: one pass."""
-        return self.from_epoch(0)
-
-    def from_epoch(self, epoch):
-        """The batches from epoch `epoch` on (to resume a run)."""
-        if not self.training:
-            return self.epoch_batches(tf.constant(0, tf.int64)).prefetch(tf.data.AUTOTUNE)
-        epochs = tf.data.Dataset.range(epoch, 2**62)
-        return epochs.flat_map(self.epoch_batches).prefetch(tf.data.AUTOTUNE)
+    def for_epochs(self, epochs, initial_epoch=0):
+        """The batches of epochs initial_epoch .. epochs - 1, one after the
+        other: give `model.fit` this with steps_per_epoch=steps."""
+        parts = [self.batches(epoch) for epoch in range(initial_epoch, epochs)]
+        while len(parts) > 1:  # a balanced tree keeps the nesting shallow
+            parts = [a.concatenate(b) for a, b in zip(parts[::2], parts[1::2])] + (
+                parts[-1:] if len(parts) % 2 else [])
+        return parts[0].prefetch(tf.data.AUTOTUNE)
 
 
-def permutation(size, seed, epoch):
-    """A random order of range(size) that depends only on (seed, epoch)."""
-    key = tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)])
-    return tf.random.experimental.stateless_shuffle(tf.range(size, dtype=tf.int64), seed=key)
+def epoch_seed(seed, epoch):
+    """The shuffle seed of `epoch` in a run seeded with `seed`."""
+    return (seed * 1_000_003 + epoch) % 2**31
 
 
 def training(examples, shard_examples, split_examples, batch_size, num_workers):
-    """Full batches of `examples(epoch)` (this worker's shuffled examples of
-    one epoch), the same number on every worker."""
+    """Full batches of `examples(epoch)` (this worker's examples of one
+    epoch, shuffled with epoch_seed), the same number on every worker."""
     steps = collectives.agree_on_min(shard_examples // batch_size, name="hvdtrain.train_steps")
     if steps == 0:
         raise UsageError(
             f"{split_examples} training examples give no full batch of {batch_size} "
             f"on each of {num_workers} workers; lower --batch_size")
 
-    def epoch_batches(epoch):
+    def batches(epoch):
         return examples(epoch).batch(batch_size, drop_remainder=True).take(steps)
 
-    return ShardedDataset(epoch_batches, steps, split_examples,
-                          split_examples - steps * batch_size * num_workers, training=True)
+    return ShardedDataset(batches, steps, split_examples,
+                          split_examples - steps * batch_size * num_workers)
 
 
 def evaluation(examples, shard_examples, split_examples, batch_size):
@@ -75,6 +69,5 @@ def evaluation(examples, shard_examples, split_examples, batch_size):
     if shard_examples == 0:
         raise UsageError(f"the evaluation split has {split_examples} examples, fewer than "
                          "the workers; evaluate on fewer processes")
-    return ShardedDataset(lambda epoch: examples(epoch).batch(batch_size),
-                          math.ceil(shard_examples / batch_size), split_examples, 0,
-                          training=False)
+    return ShardedDataset(lambda epoch=0: examples(epoch).batch(batch_size).prefetch(
+        tf.data.AUTOTUNE), math.ceil(shard_examples / batch_size), split_examples, 0)

@@ -20,7 +20,7 @@ model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(3)])
 model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
               metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2)])
 data = hvdtrain.data.from_arrays((x, y), 8, training=False)
-results = model.evaluate(data.dataset, verbose=0, return_dict=True,
+results = model.evaluate(data.batches(), verbose=0, return_dict=True,
                          callbacks=[ExactEvaluation(data.steps)])
 if hvdtrain.is_main_process():
     with open(out, "w") as f:

@@ -17,7 +17,7 @@ out, examples, batch_size, intra_op_threads = sys.argv[1], *map(int, sys.argv[2:
 hvdtrain.init(intra_op_threads=intra_op_threads)
 ids = np.arange(examples, dtype="int64")
 data = hvdtrain.data.from_arrays((ids, ids % 2), batch_size, training=True, seed=1)
-read = [int(i) for batch, _ in data.dataset.take(data.steps) for i in batch.numpy()]
+read = [int(i) for batch, _ in data.batches(0) for i in batch.numpy()]
 
 
 class CountSteps(keras.callbacks.Callback):
@@ -31,7 +31,7 @@ counter = CountSteps()
 model = keras.Sequential([keras.Input(()), keras.layers.Reshape((1,)), keras.layers.Dense(2)])
 model.compile(optimizer=hvdtrain.DistributedOptimizer(keras.optimizers.SGD(0.01)),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-model.fit(data.dataset.map(lambda x, y: (keras.ops.cast(x, "float32") / examples, y)),
+model.fit(data.for_epochs(2).map(lambda x, y: (keras.ops.cast(x, "float32") / examples, y)),
           epochs=2, steps_per_epoch=data.steps, verbose=0, callbacks=[counter])
 with open(f"{out}/rank{hvdtrain.rank()}.json", "w") as f:
     json.dump({"read": read, "steps": data.steps, "fit_steps": counter.steps,

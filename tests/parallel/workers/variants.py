@@ -70,9 +70,9 @@ def run(variant):
     if variant["loop"] == "fit":
         net.compile(optimizer=hvdtrain.DistributedOptimizer(
             sgd, backward_passes_per_step=variant["passes"], **options), loss="mse")
-        net.fit(sharded.dataset, epochs=1, steps_per_epoch=sharded.steps, verbose=0)
+        net.fit(sharded.for_epochs(1), epochs=1, steps_per_epoch=sharded.steps, verbose=0)
     else:
-        for xb, yb in sharded.dataset.take(sharded.steps):
+        for xb, yb in sharded.batches(0):
             with tf.GradientTape() as tape:
                 loss = keras.losses.mean_squared_error(yb, net(xb, training=True))
                 loss = tf.reduce_mean(loss)
