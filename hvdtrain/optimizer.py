@@ -104,7 +104,9 @@ class _DistributedMixin:
 
     def build(self, variables):
         super().build(variables)
-        self._hvd_variables = list(variables)
+        # Positions, not the variables: Keras tracks variables kept on an
+        # optimizer as its own state (they would be saved with it).
+        self._hvd_positions = {id(v): i for i, v in enumerate(variables)}
         if self._hvd_passes > 1:
             self._hvd_counter = self.add_variable((), dtype="int64", name="hvd_passes")
             self._hvd_accumulators = [
@@ -118,16 +120,16 @@ class _DistributedMixin:
             self.built = True
         _refuse_xla()
         self._hvd_reducer.check_runtime()
-        variables = (list(trainable_variables) if trainable_variables is not None
-                     else self._hvd_variables)
+        variables = list(trainable_variables) if trainable_variables is not None else None
         if self._hvd_passes == 1:
             return super().apply(self._hvd_reducer(grads, variables), trainable_variables)
         return self._accumulate_then_apply(list(grads), variables, trainable_variables)
 
     def _accumulate_then_apply(self, grads, variables, trainable_variables):
         apply = super().apply
-        position = {id(v): i for i, v in enumerate(self._hvd_variables)}
-        accumulators = [self._hvd_accumulators[position[id(v)]] for v in variables]
+        positions = (range(len(grads)) if variables is None
+                     else [self._hvd_positions[id(v)] for v in variables])
+        accumulators = [self._hvd_accumulators[i] for i in positions]
         for accumulator, grad in zip(accumulators, grads):
             if grad is not None:
                 accumulator.assign_add(tf.convert_to_tensor(grad))

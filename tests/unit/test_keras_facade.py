@@ -108,8 +108,6 @@ def test_load_model_keeps_the_optimizer_state_and_makes_it_distributed(tmp_path)
                                  loaded.optimizer)
 
 
-@pytest.mark.xfail(strict=True, reason="DistributedOptimizer.build tracks the model's weights "
-                   "as optimizer variables, so its saved state does not load (optimizer.py)")
 def test_load_model_restores_a_model_trained_with_distributed_optimizer(tmp_path):
     saved = _trained(tmp_path, hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)))
     _assert_same_optimizer_state(hvd.load_model(tmp_path / "model.keras").optimizer,
