@@ -23,6 +23,8 @@ flags.DEFINE_float("warmup_epochs", None, "Epochs of linear warm-up to the scale
 flags.DEFINE_enum("optimizer", None, OPTIMIZERS, "Optimizer.")
 flags.DEFINE_float("momentum", None, "Momentum (sgd).")
 flags.DEFINE_integer("seed", None, "Random seed for weights and shuffling.")
+flags.DEFINE_string("data_dir", None, "TFDS data directory (default: TFDS's, ~/tensorflow_datasets).")
+flags.DEFINE_bool("deterministic", None, "Reproducible input order (tf.data's parallel stages keep order).")
 flags.DEFINE_enum("precision", None, PRECISIONS, "Keras dtype policy (mixed_float16 adds loss scaling).")
 flags.DEFINE_enum("compression", None, COMPRESSIONS, "Compression of the gradients on the wire.")
 flags.DEFINE_integer("backward_passes_per_step", None, "Batches whose gradients accumulate locally per allreduce and update.")
@@ -34,7 +36,7 @@ flags.DEFINE_integer("verbose", None, "Progress on rank 0: 0 none, 1 bar, 2 line
 
 FLAGS = flags.FLAGS
 _CONFIG_FLAGS = ("epochs", "batch_size", "learning_rate", "warmup_epochs", "optimizer",
-                 "momentum", "seed", "precision", "compression", "backward_passes_per_step",
+                 "momentum", "seed", "data_dir", "deterministic", "precision", "compression", "backward_passes_per_step",
                  "sparse_as_dense", "model_dir", "intra_op_threads", "inter_op_threads",
                  "verbose")
 

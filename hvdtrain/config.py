@@ -20,6 +20,8 @@ class TrainConfig:
     optimizer: str = "sgd"
     momentum: float = 0.9           # sgd only
     seed: int = 0
+    data_dir: str | None = None     # TFDS data directory; None: TFDS's default
+    deterministic: bool = False     # keep tf.data's parallel stages in order
     precision: str = "float32"      # a Keras dtype policy; mixed_float16 adds dynamic loss scaling
     compression: str = "none"       # of the gradients on the wire
     backward_passes_per_step: int = 1   # local gradient accumulation between allreduces

@@ -17,16 +17,16 @@ from hvdtrain.errors import UsageError
 
 @dataclasses.dataclass(frozen=True)
 class Splits:
-    """In-memory training and validation data: (features, labels) each."""
-    train: tuple
-    validation: tuple
+    """This worker's training and validation data (hvdtrain.data.ShardedDataset)."""
+    train: Any
+    validation: Any
 
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     name: str
     build_model: Callable[..., Any]       # (config) -> keras.Model, uncompiled
-    load_data: Callable[..., Splits]      # (config) -> Splits
+    load_data: Callable[..., Splits]      # (config) -> Splits, after hvdtrain.init()
     loss: Any
     metrics: tuple = ()
     defaults: dict = dataclasses.field(default_factory=dict)  # TrainConfig values

@@ -6,6 +6,7 @@ host share its cores instead of oversubscribing them. It must run before any
 TensorFlow op: device and thread settings are frozen once the runtime starts.
 """
 
+import contextlib
 import os
 
 import horovod.tensorflow as hvd
@@ -49,6 +50,21 @@ def default_intra_op_threads():
 def is_main_process():
     """True on the one process (rank 0) that writes files and logs."""
     return hvd.rank() == 0
+
+
+@contextlib.contextmanager
+def main_process_first():
+    """Runs the block on rank 0 first, then on the others (e.g. building a
+    dataset that the others then find ready)."""
+    if not is_main_process():
+        barrier()
+    yield
+    if is_main_process():
+        barrier()
+
+
+def barrier():
+    hvd.allreduce(tf.constant(0), name="hvdtrain.barrier")
 
 
 def _pin_gpu():

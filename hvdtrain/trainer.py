@@ -10,7 +10,7 @@ import horovod.tensorflow as hvd
 import keras
 from absl import logging
 
-from hvdtrain import callbacks, checkpoint, data, runtime
+from hvdtrain import callbacks, checkpoint, runtime
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.compression import Compression
 from hvdtrain.evaluation import ExactEvaluation
@@ -35,9 +35,7 @@ def train(config):
     keras.utils.set_random_seed(config.seed)
 
     splits = recipe.load_data(config)
-    train_data = data.from_arrays(splits.train, config.batch_size, training=True,
-                                  seed=config.seed)
-    validation_data = data.from_arrays(splits.validation, config.batch_size, training=False)
+    train_data, validation_data = splits.train, splits.validation
     logging.info("%d workers x batch %d = global batch %d; %d steps per epoch; "
                  "%d of %d training examples left out each epoch",
                  hvd.size(), config.batch_size, hvd.size() * config.batch_size,

@@ -1,8 +1,8 @@
-import numpy as np
 import pytest
 
+import hvdtrain
 from hvdtrain import recipe
-from hvdtrain.config import TrainConfig
+from hvdtrain.datasets import digits
 from hvdtrain.errors import UsageError
 
 
@@ -16,13 +16,22 @@ def test_unknown_recipe_lists_the_known_ones():
         recipe.get("nope")
 
 
-def test_digits_split_is_fixed_disjoint_and_complete():
-    digits = recipe.get("digits_cnn")
-    first = digits.load_data(TrainConfig(seed=1))
-    second = digits.load_data(TrainConfig(seed=2))
-    (x_train, y_train), (x_val, y_val) = first.train, first.validation
-    assert x_train.shape == (1438, 8, 8, 1) and x_val.shape == (359, 8, 8, 1)
-    assert 0.0 <= x_train.min() and x_train.max() <= 1.0
-    assert set(np.unique(y_val)) == set(range(10))
-    np.testing.assert_array_equal(x_val, second.validation[0])
-    assert len(y_train) + len(y_val) == 1797
+def test_digits_is_a_tfds_dataset_with_a_fixed_split_in_several_files(tmp_path):
+    builder = digits.prepare(tmp_path)
+    splits = builder.info.splits
+    assert (splits["train"].num_examples, splits["validation"].num_examples) == (1438, 359)
+    assert splits["train"].num_shards == splits["validation"].num_shards == 8
+    again = digits.prepare(tmp_path / "again")
+    labels = [sorted(int(ex["label"]) for ex in b.as_dataset("validation")) for b in (builder, again)]
+    assert labels[0] == labels[1] and set(labels[0]) == set(range(10))
+
+
+def test_digits_recipe_reads_all_examples_through_tfds(tmp_path):
+    hvdtrain.init()
+    config = recipe.make_config("digits_cnn", data_dir=str(tmp_path), batch_size=100)
+    splits = recipe.get("digits_cnn").load_data(config)
+    assert (splits.train.steps, splits.train.dropped) == (14, 38)
+    images, labels = next(iter(splits.train.batches(0)))
+    assert images.shape == (100, 8, 8, 1) and images.dtype == "float32"
+    assert 0.0 <= float(images.numpy().min()) and float(images.numpy().max()) <= 1.0
+    assert sum(int(x.shape[0]) for x, _ in splits.validation.batches()) == 359

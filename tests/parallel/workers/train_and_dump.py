@@ -10,7 +10,8 @@ import numpy as np
 import hvdtrain
 
 out, model_dir = sys.argv[1:]
-config = hvdtrain.recipe.make_config("digits_cnn", model_dir=model_dir, epochs=2, verbose=0)
+config = hvdtrain.recipe.make_config("digits_cnn", model_dir=model_dir, epochs=2, verbose=0,
+                                     data_dir=f"{out}/data")
 result = hvdtrain.train(config)
 variables = result.model.variables + result.model.optimizer.variables
 np.savez(f"{out}/rank{hvdtrain.rank()}.npz",

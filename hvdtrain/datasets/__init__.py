@@ -1,0 +1,1 @@
+"""TFDS datasets that hvdtrain builds locally, from data its dependencies ship."""
