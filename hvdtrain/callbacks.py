@@ -53,10 +53,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if optimizer is not None and not optimizer.built:
             optimizer.build(self.model.trainable_variables)
         optimizer_variables = optimizer.variables if optimizer is not None else []
-        # Once each: an optimizer may also track the model's weights.
-        variables = {id(v): v for v in [*self.model.variables, *optimizer_variables]
-                     if id(v) not in self._local_variables}
-        collectives.broadcast_variables(variables.values(), self.root_rank)
+        collectives.broadcast_variables(
+            [v for v in [*self.model.variables, *optimizer_variables]
+             if id(v) not in self._local_variables], self.root_rank)
         self.broadcast_done = True
 
 

@@ -23,9 +23,8 @@ def make_model():
 
 
 def state(model):
-    # Once each: a DistributedOptimizer may also track the model's weights.
-    variables = {id(v): v for v in [*model.variables, *model.optimizer.variables]}
-    return [np.asarray(v) for v in variables.values()], [v.path for v in variables.values()]
+    variables = [*model.variables, *model.optimizer.variables]
+    return [np.asarray(v) for v in variables], [v.path for v in variables]
 
 
 out = sys.argv[1]
