@@ -11,6 +11,7 @@ from absl import app, flags
 
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.config import COMPRESSIONS, OPTIMIZERS, PRECISIONS, TrainConfig
+from hvdtrain import errors
 from hvdtrain.errors import UsageError
 
 COMMANDS = ("train",)
@@ -71,6 +72,11 @@ def _main(argv):
         _train()
     except UsageError as e:
         _fail(str(e))
+    except Exception as e:
+        if not errors.horovod_shut_down(e):
+            raise
+        # Another rank failed first and said why; this one just stops.
+        _fail("stopped because another worker failed (see its error)", status=1)
 
 
 def _train():
@@ -92,8 +98,8 @@ def _train():
         print(f"hvdtrain: model written to {result.model_path}")
 
 
-def _fail(message):
+def _fail(message, status=2):
     # One write: launchers tag each write, and a separate newline would get a tag of its own.
     sys.stderr.write(f"hvdtrain: error: {message}\n")
     sys.stderr.flush()
-    sys.exit(2)
+    sys.exit(status)

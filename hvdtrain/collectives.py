@@ -39,3 +39,19 @@ def agree_on_min(value, name="hvdtrain.min"):
     if hvd.size() == 1:
         return int(value)
     return int(hvd.allreduce(tf.constant(int(value), tf.int64), op=hvd.Min, name=name))
+
+
+def raise_together(error):
+    """Raises on every rank the first rank's error (an exception or None), so
+    that a problem one rank finds in its own part of the data ends all ranks
+    with the same message instead of leaving the others waiting."""
+    if hvd.size() == 1:
+        if error is not None:
+            raise error
+        return
+    errors = hvd.allgather_object(None if error is None else (type(error), str(error)),
+                                  name="hvdtrain.errors")
+    for rank, found in enumerate(errors):
+        if found is not None:
+            kind, message = found
+            raise kind(f"{message} (found by rank {rank})")

@@ -3,11 +3,14 @@ how recipes are found by name.
 
 Recipes live in the repository's `recipes/` folder, installed as the package
 `hvdtrain.recipes`: `--recipe=NAME` imports `hvdtrain.recipes.NAME`, whose
-module attribute `RECIPE` is a `Recipe`.
+module attribute `RECIPE` is a `Recipe`. `--recipe=path/to/file.py` loads a
+recipe of the user's own from that file.
 """
 
 import dataclasses
 import importlib
+import importlib.util
+import pathlib
 import pkgutil
 from typing import Any, Callable
 
@@ -38,18 +41,30 @@ def available():
 
 
 def check_name(name):
-    """Raises a UsageError listing the recipes there are unless `name` is one."""
-    if name not in available():
-        raise UsageError(f"unknown recipe '{name}'; choose one of: {', '.join(available())}")
+    """Raises a UsageError listing the recipes there are unless `name` is one
+    (or the path of a recipe file)."""
+    if name.endswith(".py"):
+        if not pathlib.Path(name).is_file():
+            raise UsageError(f"recipe file {name} does not exist; check the path")
+    elif name not in available():
+        raise UsageError(f"unknown recipe '{name}'; choose one of: {', '.join(available())}, "
+                         "or give the path of a recipe file")
 
 
 def get(name):
-    """The recipe called `name`."""
+    """The recipe called `name`, or defined in the file `name`."""
     check_name(name)
-    return importlib.import_module(f"hvdtrain.recipes.{name}").RECIPE
+    if not name.endswith(".py"):
+        return importlib.import_module(f"hvdtrain.recipes.{name}").RECIPE
+    spec = importlib.util.spec_from_file_location(pathlib.Path(name).stem, name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not isinstance(getattr(module, "RECIPE", None), Recipe):
+        raise UsageError(f"{name} defines no RECIPE = hvdtrain.recipe.Recipe(...)")
+    return module.RECIPE
 
 
 def make_config(name, **overrides):
     """The recipe's default settings with `overrides` (None: keep the default)."""
     recipe = get(name)
-    return TrainConfig(recipe=recipe.name).override(**recipe.defaults).override(**overrides)
+    return TrainConfig(recipe=name).override(**recipe.defaults).override(**overrides)

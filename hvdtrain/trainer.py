@@ -8,14 +8,17 @@ import time
 
 import horovod.tensorflow as hvd
 import keras
+import tensorflow as tf
 from absl import logging
 
 from hvdtrain import callbacks, checkpoint, runtime
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.compression import Compression
+from hvdtrain.errors import UsageError
 from hvdtrain.evaluation import ExactEvaluation
 from hvdtrain.optimizer import DistributedOptimizer
 
+_MARK = "hvdtrain: "
 COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16, "bf16": Compression.bf16}
 
 
@@ -67,11 +70,17 @@ def train(config):
         fit_callbacks.append(checkpoint.EpochCheckpoint(model_dir / "checkpoint.keras"))
 
     start = time.perf_counter()
-    history = model.fit(train_data.for_epochs(config.epochs), epochs=config.epochs,
-                        steps_per_epoch=train_data.steps,
-                        validation_data=validation_data.batches(),
-                        callbacks=fit_callbacks, verbose=_verbosity(config),
-                        shuffle=False)  # the pipeline shuffles
+    try:
+        history = model.fit(train_data.for_epochs(config.epochs), epochs=config.epochs,
+                            steps_per_epoch=train_data.steps,
+                            validation_data=validation_data.batches(),
+                            callbacks=fit_callbacks, verbose=_verbosity(config),
+                            shuffle=False)  # the pipeline shuffles
+    except tf.errors.InvalidArgumentError as e:
+        # Checks inside input pipelines (e.g. image sizes) carry hvdtrain's message.
+        if _MARK not in e.message:
+            raise
+        raise UsageError(e.message.split(_MARK, 1)[1].splitlines()[0]) from None
     seconds = time.perf_counter() - start
     model_path = model_dir / "model.keras"
     if runtime.is_main_process():

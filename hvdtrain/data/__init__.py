@@ -2,6 +2,10 @@
 same number of training steps."""
 
 from hvdtrain.data.arrays import from_arrays
+from hvdtrain.data.files import from_image_folder, from_tfrecords
 from hvdtrain.data.sharding import ShardedDataset
+from hvdtrain.data.synthetic import synthetic
+from hvdtrain.data.tfds_source import from_tfds
 
-__all__ = ["ShardedDataset", "from_arrays"]
+__all__ = ["ShardedDataset", "from_arrays", "from_image_folder", "from_tfds", "from_tfrecords",
+           "synthetic"]
