@@ -18,6 +18,7 @@ test: setup
 
 bench: setup
 	python bench/gradient_exchange.py
+	python bench/input_pipeline.py
 
 clean:
 	rm -rf runs .pytest_cache

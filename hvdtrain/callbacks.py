@@ -8,6 +8,7 @@ from absl import logging
 import horovod.tensorflow as hvd
 from hvdtrain import checkpoint, collectives, runtime
 from hvdtrain.errors import UsageError
+from hvdtrain.optimizer import check_loss_scale_order
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -40,6 +41,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self._local_variables.add(id(var))
 
     def on_train_begin(self, logs=None):
+        check_loss_scale_order(self.model.optimizer)
         if self.model.built:
             self._broadcast()
 

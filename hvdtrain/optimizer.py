@@ -94,6 +94,17 @@ def is_distributed(optimizer):
     return isinstance(optimizer, _DistributedMixin)
 
 
+def check_loss_scale_order(optimizer):
+    """Refuses a plain LossScaleOptimizer around a distributed optimizer, which
+    `compile()` makes when the mixed_float16 policy is set after wrapping: it
+    would check each rank's own gradients, and ranks could decide differently."""
+    if (isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+            and not is_distributed(optimizer) and is_distributed(optimizer.inner_optimizer)):
+        raise UsageError("set the mixed_float16 policy before DistributedOptimizer(...): "
+                         "compile() wrapped it in a LossScaleOptimizer that checks each "
+                         "rank's own gradients")
+
+
 class _DistributedMixin:
     """Comes before the optimizer's class in the distributed subclass."""
 

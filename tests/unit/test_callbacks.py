@@ -7,6 +7,7 @@ import pytest
 import hvdtrain
 import momentum_reference
 from hvdtrain import callbacks
+from hvdtrain.errors import UsageError
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -163,3 +164,16 @@ def test_momentum_correction_leaves_other_optimizers_alone(optimizer):
     _, uncorrected = _fit(optimizer(), _schedule(False))
     for a, b in zip(corrected, uncorrected):
         np.testing.assert_array_equal(a, b)
+
+
+def test_policy_set_after_wrapping_is_refused():
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    optimizer = hvdtrain.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model.compile(optimizer=optimizer, loss="mse")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    with pytest.raises(UsageError, match="set the mixed_float16 policy before DistributedOptimizer"):
+        model.fit(np.ones((2, 2)), np.ones((2, 1)), verbose=0,
+                  callbacks=[callbacks.BroadcastGlobalVariablesCallback(0)])
