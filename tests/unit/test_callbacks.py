@@ -167,10 +167,10 @@ def test_momentum_correction_leaves_other_optimizers_alone(optimizer):
 
 
 def test_policy_set_after_wrapping_is_refused():
-    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     optimizer = hvdtrain.DistributedOptimizer(keras.optimizers.SGD(0.1))
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
         model.compile(optimizer=optimizer, loss="mse")
     finally:
         keras.mixed_precision.set_global_policy("float32")
