@@ -101,14 +101,14 @@ def work():
         epochs = FLAGS.rounds * 2 * (FLAGS.steps // train.steps + 2) + 2
         dataset = train.for_epochs(epochs)
         stream = iter(dataset)
-        model.fit(dataset, steps_per_epoch=2, epochs=1, verbose=0)  # warm-up, traces
+        model.fit(dataset, steps_per_epoch=2, epochs=1, verbose=0, shuffle=False)  # warm-up
 
         def pipeline():
             for _ in range(FLAGS.steps):
                 np.asarray(next(stream)[0])
 
         def training():
-            model.fit(dataset, steps_per_epoch=FLAGS.steps, epochs=1, verbose=0)
+            model.fit(dataset, steps_per_epoch=FLAGS.steps, epochs=1, verbose=0, shuffle=False)
 
         rates = {"pipeline": [], "training": []}
         for _ in range(FLAGS.rounds):
