@@ -83,9 +83,10 @@ def run(variant):
 
 OUT = sys.argv[1]
 VARIANTS = json.loads(sys.argv[2])
-os.environ["HOROVOD_DYNAMIC_PROCESS_SETS"] = "1"
-hvdtrain.init()
-# One process set per rank (a rank reducing alone), made collectively.
-PROCESS_SETS = [hvd.add_process_set([r]) for r in range(hvdtrain.size())] if hvdtrain.size() > 1 else []
+# One process set per rank (a rank reducing alone), made at init: the
+# launcher says how many ranks there are (Gloo: HOROVOD_SIZE, MPI: OMPI_...).
+SIZE = int(os.environ.get("HOROVOD_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
+PROCESS_SETS = [hvd.ProcessSet([r]) for r in range(SIZE)] if SIZE > 1 else []
+hvdtrain.init(process_sets=PROCESS_SETS or None)
 for variant in VARIANTS:
     run(variant)
