@@ -53,6 +53,11 @@ def run_recipe(name):
 
 
 def _parse_flags(argv):
+    if {"-h", "--help", "--helpshort"} & set(argv[1:]):
+        # absl's short help lists the flags of the script's own module, which
+        # for a console script is not this one.
+        print(f"usage: hvdtrain train [flags]\n\n{FLAGS.module_help(__name__).strip()}")
+        sys.exit(0)
     try:
         return FLAGS(argv)
     except flags.CantOpenFlagFileError as e:

@@ -22,3 +22,11 @@ def test_entry_points_train_and_write_the_model(tmp_path, entry):
     assert "hvdtrain: digits_cnn on 1 worker, 1 epochs" in result.stdout
     assert f"model written to {tmp_path / 'model.keras'}" in result.stdout
     assert (tmp_path / "model.keras").stat().st_size > 0
+
+
+def test_short_help_lists_the_training_flags():
+    result = run(["hvdtrain", "train", "--helpshort"], timeout=60)
+    assert result.returncode == 0
+    assert result.stdout.startswith("usage: hvdtrain train [flags]")
+    for flag in ("--recipe", "--batch_size", "--precision", "--data_dir", "--compression"):
+        assert flag in result.stdout
