@@ -17,7 +17,6 @@ from hvdtrain import collectives
 from hvdtrain.data import sharding
 from hvdtrain.errors import UsageError
 
-SHUFFLE_BUFFER = 10_000
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 
 
@@ -134,27 +133,19 @@ def _pipeline(entries, count, items, parse, batch_size, training, seed, determin
             tf.nest.map_structure(lambda t: tf.gather(t, order), entries)))
         return ds.shard(size, rank) if every_nth else ds
 
-    def parsed(ds, epoch):
-        if not training:
-            return ds.map(lambda item: parse(item, None), num_parallel_calls=tf.data.AUTOTUNE,
-                          deterministic=deterministic)
-        base = tf.constant([sharding.epoch_seed(seed, epoch), 0], tf.int64)
-        return ds.enumerate().map(lambda i, item: parse(item, base + [0, i]),
-                                  num_parallel_calls=tf.data.AUTOTUNE,
-                                  deterministic=deterministic)
-
     in_order = tf.range(num_entries)
     if not training:
-        return sharding.evaluation(lambda epoch: parsed(read(in_order), 0), shard_examples,
-                                   split_examples, batch_size)
-    stored = read(in_order).cache() if cache else None
+        return sharding.evaluation(
+            lambda epoch: sharding.preprocessed(read(in_order), parse, deterministic),
+            shard_examples, split_examples, batch_size)
+
+    def read_for_epoch(epoch):  # a new file order every epoch
+        return read(tf.random.shuffle(in_order, seed=sharding.epoch_seed(seed, epoch)))
+
+    shuffled = sharding.shuffled_epochs(lambda: read(in_order), read_for_epoch, shard_examples,
+                                        seed, cache)
 
     def examples(epoch):
-        epoch_seed = sharding.epoch_seed(seed, epoch)
-        if stored is not None:
-            return parsed(stored.shuffle(shard_examples, seed=epoch_seed), epoch)
-        # A new file order every epoch, then a shuffle buffer over the interleaved items.
-        order = tf.random.shuffle(in_order, seed=epoch_seed)
-        return parsed(read(order).shuffle(SHUFFLE_BUFFER, seed=epoch_seed), epoch)
+        return sharding.preprocessed(shuffled(epoch), parse, deterministic, seed, epoch)
 
     return sharding.training(examples, shard_examples, split_examples, batch_size, size)

@@ -43,9 +43,39 @@ class ShardedDataset:
         return parts[0].prefetch(tf.data.AUTOTUNE)
 
 
+SHUFFLE_BUFFER = 10_000
+
+
 def epoch_seed(seed, epoch):
     """The shuffle seed of `epoch` in a run seeded with `seed`."""
     return (seed * 1_000_003 + epoch) % 2**31
+
+
+def shuffled_epochs(read_in_order, read_for_epoch, shard_examples, seed, cache):
+    """examples(epoch): this worker's items of one epoch, shuffled by (seed, epoch).
+
+    read_in_order(): its items in file order; read_for_epoch(epoch): the same
+    in that epoch's file order. With `cache` the items are held in memory
+    after the first epoch and all of them are shuffled each epoch; otherwise
+    each epoch streams through a shuffle buffer.
+    """
+    if cache:
+        stored = read_in_order().cache()
+        return lambda epoch: stored.shuffle(shard_examples, seed=epoch_seed(seed, epoch))
+    return lambda epoch: read_for_epoch(epoch).shuffle(SHUFFLE_BUFFER,
+                                                       seed=epoch_seed(seed, epoch))
+
+
+def preprocessed(ds, preprocess, deterministic, seed=None, epoch=0):
+    """`ds` mapped through preprocess(item, example_seed). In training (a
+    `seed` given) each example gets its own stateless seed, [epoch seed,
+    index], for augmentation; in evaluation the seed is None."""
+    if seed is None:
+        return ds.map(lambda item: preprocess(item, None), num_parallel_calls=tf.data.AUTOTUNE,
+                      deterministic=deterministic)
+    base = tf.constant([epoch_seed(seed, epoch), 0], tf.int64)
+    return ds.enumerate().map(lambda i, item: preprocess(item, base + [0, i]),
+                              num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
 
 
 def training(examples, shard_examples, split_examples, batch_size, num_workers):

@@ -15,9 +15,6 @@ from absl import logging
 from hvdtrain.data import sharding
 from hvdtrain.errors import UsageError
 
-SHUFFLE_BUFFER = 10_000
-
-
 def from_tfds(name, split, batch_size, *, training, preprocess, data_dir=None, seed=0,
               cache=False, deterministic=False, builder=None):
     """This worker's part of TFDS dataset `name`'s `split`.
@@ -56,27 +53,15 @@ def from_tfds(name, split, batch_size, *, training, preprocess, data_dir=None, s
                 input_context=context, shuffle_seed=sharding.epoch_seed(seed, epoch),
                 options=options))
 
-    def preprocessed(ds, epoch):
-        if not training:
-            return ds.map(lambda ex: preprocess(ex, None), num_parallel_calls=tf.data.AUTOTUNE)
-        base = tf.constant([sharding.epoch_seed(seed, epoch), 0], tf.int64)
-        return ds.enumerate().map(lambda i, ex: preprocess(ex, base + [0, i]),
-                                  num_parallel_calls=tf.data.AUTOTUNE)
-
     if not training:
-        return sharding.evaluation(lambda epoch: preprocessed(read(False, 0), 0),
-                                   shard_examples, info.num_examples, batch_size)
-    if cache:
-        stored = read(False, 0).cache()
+        return sharding.evaluation(
+            lambda epoch: sharding.preprocessed(read(False, 0), preprocess, deterministic),
+            shard_examples, info.num_examples, batch_size)
+    shuffled = sharding.shuffled_epochs(lambda: read(False, 0), lambda epoch: read(True, epoch),
+                                        shard_examples, seed, cache)
 
-        def examples(epoch):
-            return preprocessed(stored.shuffle(shard_examples, seed=sharding.epoch_seed(seed, epoch)),
-                           epoch)
-    else:
-        def examples(epoch):
-            shuffled = read(True, epoch).shuffle(SHUFFLE_BUFFER,
-                                                 seed=sharding.epoch_seed(seed, epoch))
-            return preprocessed(shuffled, epoch)
+    def examples(epoch):
+        return sharding.preprocessed(shuffled(epoch), preprocess, deterministic, seed, epoch)
 
     return sharding.training(examples, shard_examples, info.num_examples, batch_size, size)
 
