@@ -23,7 +23,7 @@ _EXPORTS = {
     "size": "hvdtrain.runtime",
     "train": "hvdtrain.trainer",
 }
-_SUBMODULES = ("callbacks", "data", "recipe")
+_SUBMODULES = ("callbacks", "checkpoint", "data", "elastic", "recipe")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 

@@ -1,5 +1,6 @@
 """Keras 3 callbacks for data-parallel training, with Horovod's names and meaning."""
 
+import math
 import os
 
 import keras
@@ -7,7 +8,7 @@ from absl import logging
 
 import horovod.tensorflow as hvd
 from hvdtrain import checkpoint, collectives, runtime
-from hvdtrain.errors import UsageError
+from hvdtrain.errors import TrainingError, UsageError
 from hvdtrain.optimizer import check_loss_scale_order
 
 
@@ -248,3 +249,25 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
         filepath = self._get_file_path(epoch, batch, logs)
         if self._should_save_model(epoch, batch, logs, filepath):
             checkpoint.save_model(self.model, filepath, weights_only=self.save_weights_only)
+
+
+class FailOnNonFiniteLoss(keras.callbacks.Callback):
+    """Ends training with a TrainingError naming the epoch, step and rank as
+    soon as this rank's loss is NaN or infinite. The launcher then stops the
+    other ranks (their next collective waits for this one in vain), so the
+    job ends at once instead of training on a diverged model."""
+
+    def __init__(self):
+        super().__init__()
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            raise TrainingError(
+                f"the loss is {float(loss)} at epoch {self._epoch + 1}, step {batch + 1} "
+                f"on rank {hvd.rank()}; lower --learning_rate or check the data, then "
+                "resume from the last checkpoint (or keep going with --nan_policy=ignore)")

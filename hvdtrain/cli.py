@@ -10,9 +10,9 @@ import sys
 from absl import app, flags
 
 from hvdtrain import recipe as recipe_lib
-from hvdtrain.config import COMPRESSIONS, OPTIMIZERS, PRECISIONS, TrainConfig
+from hvdtrain.config import COMPRESSIONS, NAN_POLICIES, OPTIMIZERS, PRECISIONS, TrainConfig
 from hvdtrain import errors
-from hvdtrain.errors import UsageError
+from hvdtrain.errors import TrainingError, UsageError
 
 COMMANDS = ("train",)
 
@@ -30,7 +30,14 @@ flags.DEFINE_enum("precision", None, PRECISIONS, "Keras dtype policy (mixed_floa
 flags.DEFINE_enum("compression", None, COMPRESSIONS, "Compression of the gradients on the wire.")
 flags.DEFINE_integer("backward_passes_per_step", None, "Batches whose gradients accumulate locally per allreduce and update.")
 flags.DEFINE_bool("sparse_as_dense", None, "Reduce embedding gradients densely instead of allgathering them.")
-flags.DEFINE_string("model_dir", None, "Where rank 0 writes the checkpoint and model (default runs/<recipe>).")
+flags.DEFINE_string("model_dir", None, "Where rank 0 writes checkpoints and the model (default runs/<recipe>).")
+flags.DEFINE_bool("resume", None, "Go on from the newest intact checkpoint in --model_dir (if any).")
+flags.DEFINE_integer("checkpoint_epochs", None, "A checkpoint every this many epochs (0: only after the last).")
+flags.DEFINE_integer("checkpoint_steps", None, "Also a checkpoint every this many training steps (0: none within epochs).")
+flags.DEFINE_integer("keep_checkpoints", None, "Checkpoints kept: the newest this many, plus the best by --best_metric.")
+flags.DEFINE_string("best_metric", None, "Metric whose best checkpoint is kept (e.g. val_accuracy; empty: none).")
+flags.DEFINE_enum("nan_policy", None, NAN_POLICIES, "fail: stop every rank when the loss is NaN or infinite; ignore: train on.")
+flags.DEFINE_float("stall_timeout", None, "Seconds a rank waits for a hung peer before Horovod's stall check stops the job (hvdtrain's own watchdog: twice that); 0: never.")
 flags.DEFINE_integer("intra_op_threads", None, "Threads per op in each process (0: cores / local processes).")
 flags.DEFINE_integer("inter_op_threads", None, "Threads for independent ops (0: TensorFlow's default).")
 flags.DEFINE_integer("verbose", None, "Progress on rank 0: 0 none, 1 bar, 2 line per epoch (default: a bar for one process on a terminal, else 2).")
@@ -38,8 +45,9 @@ flags.DEFINE_integer("verbose", None, "Progress on rank 0: 0 none, 1 bar, 2 line
 FLAGS = flags.FLAGS
 _CONFIG_FLAGS = ("epochs", "batch_size", "learning_rate", "warmup_epochs", "optimizer",
                  "momentum", "seed", "data_dir", "deterministic", "precision", "compression", "backward_passes_per_step",
-                 "sparse_as_dense", "model_dir", "intra_op_threads", "inter_op_threads",
-                 "verbose")
+                 "sparse_as_dense", "model_dir", "resume", "checkpoint_epochs",
+                 "checkpoint_steps", "keep_checkpoints", "best_metric", "nan_policy", "stall_timeout",
+                 "intra_op_threads", "inter_op_threads", "verbose")
 
 
 def run(argv=None):
@@ -77,11 +85,15 @@ def _main(argv):
         _train()
     except UsageError as e:
         _fail(str(e))
+    except TrainingError as e:
+        _fail(str(e), status=1)
     except Exception as e:
-        if not errors.horovod_shut_down(e):
+        reason = errors.lost_peer(e)
+        if reason is None:
             raise
-        # Another rank failed first and said why; this one just stops.
-        _fail("stopped because another worker failed (see its error)", status=1)
+        # Another rank failed first and said why (or the launcher names it); this one just stops.
+        _fail(f"stopped because another worker failed or stopped responding ({reason}); "
+              "see its error or the launcher's report", status=1)
 
 
 def _train():
@@ -98,9 +110,11 @@ def _train():
         final = {k: v[-1] for k, v in result.history.items() if k.startswith("val_")}
         metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(final.items()))
         workers = f"{runtime.size()} worker{'s' * (runtime.size() != 1)}"
+        epochs = config.epochs - result.start[0]
         print(f"hvdtrain: {config.recipe} on {workers}, "
-              f"{config.epochs} epochs in {result.seconds:.1f} s: {metrics}")
-        print(f"hvdtrain: model written to {result.model_path}")
+              f"{epochs} epoch{'s' * (epochs != 1)} in {result.seconds:.1f} s: "
+              f"{metrics or 'already trained'}")
+        print(f"hvdtrain: model written to {result.model_path} and {result.saved_model}")
 
 
 def _fail(message, status=2):

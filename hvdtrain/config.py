@@ -8,6 +8,7 @@ from hvdtrain.errors import UsageError
 OPTIMIZERS = ("sgd", "adam")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 COMPRESSIONS = ("none", "fp16", "bf16")
+NAN_POLICIES = ("fail", "ignore")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +28,13 @@ class TrainConfig:
     backward_passes_per_step: int = 1   # local gradient accumulation between allreduces
     sparse_as_dense: bool = False   # reduce embedding gradients densely instead of allgathering
     model_dir: str | None = None    # None: runs/<recipe>
+    resume: bool = False            # go on from the newest intact checkpoint in model_dir
+    checkpoint_epochs: int = 1      # a checkpoint every this many epochs (0: only after the last)
+    checkpoint_steps: int = 0       # and every this many steps (0: none within epochs)
+    keep_checkpoints: int = 3       # the newest this many, plus the best by best_metric
+    best_metric: str = "val_loss"   # "": keep no best
+    nan_policy: str = "fail"        # fail: stop all ranks when the loss is not finite
+    stall_timeout: float = 600.0    # seconds waiting for a hung peer before the job stops (0: never)
     intra_op_threads: int = 0       # 0: host cores / processes on the host
     inter_op_threads: int = 0       # 0: TensorFlow's default
     verbose: int | None = None      # rank 0's progress; None: a bar on one process's terminal, else a line an epoch
@@ -40,21 +48,20 @@ class TrainConfig:
 
     def validate(self):
         """Raises UsageError naming the first bad setting and how to fix it."""
-        positive = ("epochs", "batch_size", "learning_rate")
+        positive = ("epochs", "batch_size", "learning_rate", "backward_passes_per_step",
+                    "keep_checkpoints")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise UsageError(f"--{name} must be positive, got {getattr(self, name)}")
-        for name in ("warmup_epochs", "intra_op_threads", "inter_op_threads"):
+        for name in ("warmup_epochs", "intra_op_threads", "inter_op_threads",
+                     "checkpoint_epochs", "checkpoint_steps", "stall_timeout"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name} must be >= 0, got {getattr(self, name)}")
         for name, allowed in (("optimizer", OPTIMIZERS), ("precision", PRECISIONS),
-                              ("compression", COMPRESSIONS)):
+                              ("compression", COMPRESSIONS), ("nan_policy", NAN_POLICIES)):
             if getattr(self, name) not in allowed:
                 raise UsageError(f"unknown --{name}={getattr(self, name)}; "
                                  f"choose one of {', '.join(allowed)}")
-        if self.backward_passes_per_step < 1:
-            raise UsageError("--backward_passes_per_step must be positive, "
-                             f"got {self.backward_passes_per_step}")
         if not 0 <= self.momentum < 1:
             raise UsageError(f"--momentum must be in [0, 1), got {self.momentum}")
         if self.verbose not in (None, 0, 1, 2):

@@ -94,6 +94,12 @@ def is_distributed(optimizer):
     return isinstance(optimizer, _DistributedMixin)
 
 
+def rank_local_variables(optimizer):
+    """The optimizer variables whose values differ between ranks: gradients
+    being accumulated before their reduction."""
+    return list(getattr(optimizer, "_hvd_accumulators", ()))
+
+
 def check_loss_scale_order(optimizer):
     """Refuses a plain LossScaleOptimizer around a distributed optimizer, which
     `compile()` makes when the mixed_float16 policy is set after wrapping: it

@@ -21,7 +21,7 @@ local_size = hvd.local_size
 
 
 def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=None,
-         comm=None):
+         comm=None, stall_timeout=None):
     """Initialises Horovod and this process's devices, threads and precision.
 
     Args:
@@ -30,7 +30,15 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
       precision: a Keras dtype policy (e.g. mixed_float16); None keeps the current one.
       process_sets: Horovod process sets to create with the global one.
       comm: Horovod's `comm`: the MPI communicator or ranks to run on.
+      stall_timeout: seconds after which Horovod's stall check shuts all
+        ranks down when some rank stopped submitting tensors (it waits
+        forever otherwise); unless set in the environment (or horovodrun's).
     """
+    if stall_timeout:
+        os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", f"{stall_timeout:.0f}")
+        # Checked every this often; Horovod ignores a shutdown time below it.
+        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS",
+                              f"{max(1, min(stall_timeout / 2, 60)):.0f}")
     hvd.init(comm=comm, process_sets=process_sets)
     _pin_gpu()
     _set_threads(intra_op_threads or default_intra_op_threads(), inter_op_threads)

@@ -5,12 +5,13 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKERS = REPO / "tests" / "parallel" / "workers"
 
 
-def _env(extra):
+def environment(extra):
     env = dict(os.environ, **(extra or {}))
     # Two processes share the machine's cores; keep BLAS pools from oversubscribing.
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -21,7 +22,7 @@ def _env(extra):
 def run(args, timeout=240, cwd=REPO, env=None):
     """Runs a command to completion (`env`: variables to add); a hang fails
     the test at `timeout`."""
-    return subprocess.run([str(a) for a in args], cwd=cwd, env=_env(env), capture_output=True,
+    return subprocess.run([str(a) for a in args], cwd=cwd, env=environment(env), capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -42,3 +43,38 @@ _RANK_LINE = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:(.*)$", re.MULTILI
 def rank_lines(output):
     """(rank, text) for each line a rank printed under horovodrun."""
     return [(int(rank), text) for rank, text in _RANK_LINE.findall(output)]
+
+
+def start_horovodrun(args, log, np=2, controller="gloo", env=None):
+    """Starts `args` as `np` Horovod processes in the background, their
+    output going to the file `log`; returns the horovodrun process."""
+    command = ["horovodrun", "-np", np, "-H", f"localhost:{np}", f"--{controller}", *args]
+    with open(log, "w") as out:
+        return subprocess.Popen([str(a) for a in command], cwd=REPO, env=environment(env),
+                                stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def rank_pid(rank, marker):
+    """The pid of Horovod rank `rank` among the processes whose command line
+    contains `marker`."""
+    for proc in pathlib.Path("/proc").iterdir():
+        try:
+            if marker not in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                continue
+            environ = dict(line.split("=", 1) for line in (proc / "environ").read_bytes()
+                           .decode(errors="replace").split("\0") if "=" in line)
+        except (OSError, ValueError):
+            continue
+        if environ.get("HOROVOD_RANK", environ.get("OMPI_COMM_WORLD_RANK")) == str(rank):
+            return int(proc.name)
+    raise LookupError(f"no rank {rank} running with {marker}")
+
+
+def wait_until(condition, timeout, interval=0.002):
+    """Polls `condition()` until it is true; False if `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return False

@@ -42,6 +42,11 @@ class ShardedDataset:
                 parts[-1:] if len(parts) % 2 else [])
         return parts[0].prefetch(tf.data.AUTOTUNE)
 
+    def rest_of_epoch(self, epoch, step):
+        """The batches of `epoch` from batch `step` on (resuming a run: the
+        same batches, in deterministic mode, as the uninterrupted run's)."""
+        return self.batches(epoch).skip(step).prefetch(tf.data.AUTOTUNE)
+
 
 SHUFFLE_BUFFER = 10_000
 
@@ -99,5 +104,8 @@ def evaluation(examples, shard_examples, split_examples, batch_size):
     if shard_examples == 0:
         raise UsageError(f"the evaluation split has {split_examples} examples, fewer than "
                          "the workers; evaluate on fewer processes")
-    return ShardedDataset(lambda epoch=0: examples(epoch).batch(batch_size).prefetch(
-        tf.data.AUTOTUNE), math.ceil(shard_examples / batch_size), split_examples, 0)
+    steps = math.ceil(shard_examples / batch_size)
+    # A known length lets Keras end evaluation without running into the end of the data.
+    return ShardedDataset(lambda epoch=0: examples(epoch).batch(batch_size).apply(
+        tf.data.experimental.assert_cardinality(steps)).prefetch(tf.data.AUTOTUNE),
+        steps, split_examples, 0)

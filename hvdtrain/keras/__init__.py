@@ -7,8 +7,8 @@ The same names and signatures, backed by hvdtrain's Keras 3 optimizer and
 callbacks and by Horovod's TensorFlow collectives. Differences: `init()` also
 pins the GPU and sizes the thread pools (see hvdtrain.runtime); Keras 3 has
 no global variables, so `broadcast_global_variables` is left out (use
-`broadcast_variables` or `callbacks.BroadcastGlobalVariablesCallback`), and
-so is Horovod's `elastic`.
+`broadcast_variables` or `callbacks.BroadcastGlobalVariablesCallback`).
+`elastic` is hvdtrain.elastic: KerasState and the elastic callbacks for Keras 3.
 """
 
 import keras
@@ -20,7 +20,7 @@ from horovod.tensorflow import (  # noqa: F401  (re-exported as Horovod's keras 
     remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
 
 import horovod.tensorflow as _hvd
-from hvdtrain import runtime
+from hvdtrain import elastic, runtime  # noqa: F401
 from hvdtrain.collectives import broadcast_variables  # noqa: F401
 from hvdtrain.compression import BF16Compressor, Compression
 from hvdtrain.errors import UsageError

@@ -98,13 +98,13 @@ def test_tfds_files_are_read_whole_by_each_worker(tmp_path):
     assert "instead of whole files" not in result.stdout + result.stderr
 
 
-PEER = "hvdtrain: error: stopped because another worker failed (see its error)"
+PEER = "hvdtrain: error: stopped because another worker failed"
 
 
 def _one_error_line(result):
     """The one error the ranks report (a rank whose peer failed first says so)."""
     errors = {text for _, text in rank_lines(result.stdout + result.stderr)
-              if text.startswith("hvdtrain: error:")} - {PEER}
+              if text.startswith("hvdtrain: error:") and not text.startswith(PEER)}
     assert result.returncode != 0 and len(errors) == 1, result.stdout[-2000:] + result.stderr[-2000:]
     assert not any("Traceback" in text for _, text in rank_lines(result.stderr))
     return errors.pop()

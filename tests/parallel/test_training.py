@@ -25,9 +25,9 @@ def test_ranks_end_with_bit_identical_weights(tmp_path, controller):
     history0 = json.loads((tmp_path / "rank0.json").read_text())
     assert history0 == json.loads((tmp_path / "rank1.json").read_text())
     assert history0["learning_rate"] == pytest.approx([0.03, 0.04])
-    # Only rank 0 wrote the checkpoint and the final model.
+    # Only rank 0 wrote the checkpoints and the final model.
     assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [
-        "checkpoint.keras", "model.keras"]
+        "checkpoints", "model.keras", "saved_model"]
 
 
 def test_step_at_np2_equals_step_at_np1_with_global_batch(tmp_path, controller):

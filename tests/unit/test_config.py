@@ -23,6 +23,9 @@ def test_override_rejects_unknown_settings():
     (dict(optimizer="lamb"), "unknown --optimizer=lamb; choose one of sgd, adam"),
     (dict(momentum=1.0), "--momentum must be in [0, 1)"),
     (dict(verbose=3), "--verbose must be 0, 1 or 2"),
+    (dict(keep_checkpoints=0), "--keep_checkpoints must be positive"),
+    (dict(checkpoint_steps=-5), "--checkpoint_steps must be >= 0"),
+    (dict(nan_policy="skip"), "unknown --nan_policy=skip; choose one of fail, ignore"),
 ])
 def test_validate_names_the_bad_setting(values, message):
     with pytest.raises(UsageError) as error:

@@ -1,0 +1,66 @@
+"""A fault on one rank ends every rank promptly with that rank's message: a
+non-finite loss (--nan_policy=fail), and an input pipeline that hangs
+(Horovod's stall check, told by hvdtrain to shut down, or hvdtrain's
+watchdog ends the job)."""
+
+import numpy as np
+
+from hvdtrain import checkpoint
+from launch import REPO, horovodrun, rank_lines
+
+FAULTS = REPO / "tests" / "recipes" / "faults.py"
+
+
+def _train(tmp_path, controller, fault, *flags, env=None):
+    return horovodrun(["hvdtrain", "train", f"--recipe={FAULTS}",
+                       f"--model_dir={tmp_path / 'model'}", "--checkpoint_steps=4", *flags],
+                      controller=controller, timeout=120,
+                      env=dict(FAULT=fault, FAULT_RANK="1", FAULT_EPOCH="1", FAULT_STEP="5",
+                               **(env or {})))
+
+
+def _errors(result):
+    return [(rank, text) for rank, text in rank_lines(result.stdout + result.stderr)
+            if text.startswith("hvdtrain: error:")]
+
+
+def test_a_nan_loss_on_one_rank_ends_every_rank_with_its_message(tmp_path, controller):
+    result = _train(tmp_path, controller, "nan")
+    assert result.returncode != 0
+    errors = _errors(result)
+    # Rank 1's loss is NaN at the 6th step of the 2nd epoch; rank 0's a step
+    # later (the averaged gradients carried the NaN), unless stopped first.
+    assert (1, "hvdtrain: error: the loss is nan at epoch 2, step 6 on rank 1; lower "
+               "--learning_rate or check the data, then resume from the last checkpoint "
+               "(or keep going with --nan_policy=ignore)") in errors
+    assert {rank for rank, _ in errors} <= {0, 1}
+    assert not any("Traceback" in text for _, text in rank_lines(result.stderr))
+    # No checkpoint holds the diverged state.
+    names = [p.name for p in checkpoint.listed(tmp_path / "model" / "checkpoints")]
+    assert names[0] == "epoch-0001-step-000004"
+    for name in names:
+        _, values = checkpoint.read(tmp_path / "model" / "checkpoints" / name)
+        assert all(np.isfinite(v).all() for v in values if v.dtype.kind == "f")
+
+
+def test_with_nan_policy_ignore_training_goes_on_and_keeps_good_checkpoints(tmp_path):
+    result = _train(tmp_path, "gloo", "nan", "--nan_policy=ignore")
+    assert result.returncode == 0, result.stderr[-3000:]
+    names = [p.name for p in checkpoint.listed(tmp_path / "model" / "checkpoints")]
+    # After the NaN no state is finite, so no checkpoint was written after it.
+    assert names[0] == "epoch-0001-step-000004"
+    assert "no checkpoint written" in result.stderr
+
+
+def test_a_hung_worker_ends_the_job(tmp_path, controller):
+    result = _train(tmp_path, controller, "hang", "--stall_timeout=6")
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    if controller == "mpi":
+        # Horovod's stall check shuts down, naming the rank that submitted no tensors.
+        assert "Missing ranks:" in output and "1!: [" in output, output[-3000:]
+    # Else hvdtrain's watchdog ends the waiting rank 0.
+    assert any(text.startswith(("hvdtrain: error: stopped because another worker failed or "
+                                "stopped responding", "hvdtrain: error: rank 0 made no "
+                                "progress for 12 s"))
+               for rank, text in _errors(result) if rank == 0), output[-3000:]

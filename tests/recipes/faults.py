@@ -1,0 +1,61 @@
+"""A test recipe: a small MLP on two Gaussian blobs, with a fault injected
+on one rank from a given batch of a given epoch on, as the environment says:
+FAULT=nan (that rank's features become NaN) or FAULT=hang (that rank's input
+pipeline blocks), FAULT_RANK, FAULT_EPOCH and FAULT_STEP (0-based)."""
+
+import dataclasses
+import os
+import time
+
+import horovod.tensorflow as hvd
+import keras
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain import data
+from hvdtrain.recipe import Recipe, Splits
+
+
+def _blobs(examples, seed):
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, examples)
+    features = rng.normal(size=(examples, 8)) + labels[:, None] * 1.5
+    return features.astype("float32"), labels
+
+
+def _hang(x):
+    time.sleep(3600)
+    return x
+
+
+def _faulty(batches):
+    fault, step = os.environ["FAULT"], int(os.environ.get("FAULT_STEP", 0))
+
+    def fail(features):
+        if fault == "nan":
+            return features * np.float32("nan")
+        return tf.ensure_shape(tf.py_function(_hang, [features], tf.float32), features.shape)
+
+    def broken(i, batch):
+        features, labels = batch
+        return tf.cond(i < step, lambda: features, lambda: fail(features)), labels
+
+    return lambda epoch: batches(epoch).enumerate().map(broken) if epoch == int(
+        os.environ.get("FAULT_EPOCH", 0)) else batches(epoch)
+
+
+def load_data(config):
+    read = dict(batch_size=config.batch_size, seed=config.seed)
+    train = data.from_arrays(_blobs(512, 0), training=True, **read)
+    if os.environ.get("FAULT") and hvd.rank() == int(os.environ.get("FAULT_RANK", 1)):
+        train = dataclasses.replace(train, batches=_faulty(train.batches))
+    return Splits(train=train, validation=data.from_arrays(_blobs(128, 1), training=False, **read))
+
+
+RECIPE = Recipe(name="faults", load_data=load_data,
+                build_model=lambda config: keras.Sequential([
+                    keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),  # tanh passes NaN on
+                    keras.layers.Dense(2, dtype="float32")]),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                metrics=("accuracy",),
+                defaults=dict(epochs=3, batch_size=8, learning_rate=0.05, warmup_epochs=0))

@@ -1,0 +1,140 @@
+"""The checkpoint format: whole or skipped, kept by recency and metric."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from hvdtrain import checkpoint, resume
+from hvdtrain.checkpoint import Position
+from hvdtrain.errors import UsageError
+
+
+def _position(epoch, step=0, steps=10, workers=2, batch_size=4):
+    return Position(epoch, step, steps, workers, batch_size)
+
+
+def _save(directory, epoch, step=0, metric=None, seed=0):
+    values = [np.random.default_rng(seed).normal(size=(3, 2)).astype("float32"),
+              np.arange(4, dtype="int64")]
+    checkpoint.save(directory, values, _position(epoch, step), {"recipe": "r"}, metric)
+    return values
+
+
+def test_save_then_read_gives_the_same_values_and_position(tmp_path):
+    values = _save(tmp_path, 2, 5, metric=0.25)
+    found, read = checkpoint.read(tmp_path / "epoch-0002-step-000005")
+    assert found.position == _position(2, 5) and found.metric == 0.25
+    assert found.settings == {"recipe": "r"}
+    for a, b in zip(values, read):
+        np.testing.assert_array_equal(a, b)
+    assert [p.name for p in tmp_path.iterdir()] == ["epoch-0002-step-000005"]
+
+
+def test_newest_is_by_position_not_by_name_order_of_digits(tmp_path):
+    for epoch, step in [(9, 0), (10, 0), (10, 3), (2, 50)]:
+        _save(tmp_path, epoch, step)
+    assert [p.name for p in checkpoint.listed(tmp_path)] == [
+        "epoch-0010-step-000003", "epoch-0010-step-000000", "epoch-0009-step-000000",
+        "epoch-0002-step-000050"]
+
+
+@pytest.mark.parametrize("damage", ["truncated variables", "flipped byte", "missing meta",
+                                    "garbage meta", "missing variables"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, damage, caplog):
+    _save(tmp_path, 1, seed=1)
+    _save(tmp_path, 2, seed=2)
+    newest = tmp_path / "epoch-0002-step-000000"
+    variables, meta = newest / checkpoint.VARIABLES, newest / checkpoint.META
+    if damage == "truncated variables":
+        variables.write_bytes(variables.read_bytes()[:-100])
+    elif damage == "flipped byte":
+        data = bytearray(variables.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        variables.write_bytes(bytes(data))
+    elif damage == "missing meta":
+        meta.unlink()
+    elif damage == "garbage meta":
+        meta.write_text("{not json")
+    else:
+        variables.unlink()
+    with pytest.raises(checkpoint.CorruptCheckpoint):
+        checkpoint.read(newest)
+    found, values = checkpoint.newest(tmp_path)
+    assert found.position.epoch == 1
+    np.testing.assert_array_equal(values[0], _save(tmp_path / "again", 1, seed=1)[0])
+    assert "epoch-0002-step-000000 is damaged" in caplog.text
+
+
+def test_unfinished_saves_are_invisible_and_removed(tmp_path):
+    _save(tmp_path, 1)
+    (tmp_path / ".tmp-epoch-0002-step-000000.123").mkdir()
+    assert [p.name for p in checkpoint.listed(tmp_path)] == ["epoch-0001-step-000000"]
+    checkpoint.remove_unfinished(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["epoch-0001-step-000000"]
+
+
+def test_retain_keeps_the_newest_and_the_best(tmp_path):
+    for epoch, loss in [(1, 0.9), (2, 0.2), (3, 0.5), (4, 0.6), (5, float("nan"))]:
+        _save(tmp_path, epoch, metric=loss)
+    _save(tmp_path, 5, 4)   # a mid-epoch checkpoint has no metric
+    checkpoint.retain(tmp_path, keep=2, mode="min")
+    assert [p.name for p in checkpoint.listed(tmp_path)] == [
+        "epoch-0005-step-000004", "epoch-0005-step-000000", "epoch-0002-step-000000"]
+
+
+def test_metric_mode():
+    assert checkpoint.metric_mode("val_loss") == "min"
+    assert checkpoint.metric_mode("val_accuracy") == "max"
+
+
+def test_assign_refuses_a_checkpoint_that_does_not_fit(tmp_path):
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(3)])
+    values = [np.ones((2, 3), "float32"), np.ones(3, "float32")]
+    found = checkpoint.Checkpoint(tmp_path, _position(1), None, {})
+    checkpoint.assign(model.variables, found, values)
+    np.testing.assert_array_equal(model.variables[0].numpy(), values[0])
+    with pytest.raises(UsageError, match=r"does not fit this model: .*kernel has shape \(2, 3\)"):
+        checkpoint.assign(model.variables, found, [np.zeros((3, 3), "float32"), values[1]])
+    with pytest.raises(UsageError, match="it holds 1 variables, the model and optimizer 2"):
+        checkpoint.assign(model.variables, found, values[:1])
+    # Nothing was assigned by the refused calls.
+    np.testing.assert_array_equal(model.variables[0].numpy(), values[0])
+
+
+@pytest.mark.parametrize("saved, now, expected", [
+    (_position(3, 4), (10, 2, 4), (3, 4)),            # same run shape: the same batch
+    (_position(3, 4), (20, 1, 4), (3, 8)),            # half the workers: twice the steps
+    (_position(3, 6, steps=10), (5, 4, 4), (3, 3)),   # double the workers: half the steps
+    (_position(3, 9), (4, 4, 4), (4, 0)),             # past this run's epoch: the next one
+    (_position(3, 5), (5, 3, 4), (3, 3)),             # between steps: the earlier one
+    (_position(3, 0), (7, 1, 8), (3, 0)),
+])
+def test_continue_at_counts_examples_when_the_run_shape_changes(saved, now, expected):
+    steps, workers, batch_size = now
+    assert resume.continue_at(saved, steps, workers, batch_size) == expected
+
+
+def test_continued_epoch_shows_callbacks_the_whole_epoch():
+    seen = []
+
+    class Recorder(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            seen.append(("epoch", epoch, self.params["steps"]))
+
+        def on_train_batch_begin(self, batch, logs=None):
+            seen.append(("batch", batch))
+
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x = np.ones((12, 1), "float32")
+    model.fit(x, x, batch_size=4, epochs=3, initial_epoch=2, verbose=0,
+              callbacks=[resume.ContinuedEpoch(Recorder(), 7)])
+    assert seen == [("epoch", 2, 10), ("batch", 7), ("batch", 8), ("batch", 9)]
+
+
+def test_meta_is_readable_json(tmp_path):
+    _save(tmp_path, 1, metric=0.5)
+    meta = json.loads((tmp_path / "epoch-0001-step-000000" / checkpoint.META).read_text())
+    assert meta["position"]["epoch"] == 1 and meta["shapes"] == [[3, 2], [4]]
