@@ -19,6 +19,7 @@ test: setup
 bench: setup
 	python bench/gradient_exchange.py
 	python bench/input_pipeline.py
+	python bench/checkpoint_cost.py
 
 clean:
 	rm -rf runs .pytest_cache

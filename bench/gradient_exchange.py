@@ -19,13 +19,12 @@ collectives alone. Rank 0 prints a table and writes JSON.
 """
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 import time
 
 from absl import app, flags
+
+import horovod_workers
 
 flags.DEFINE_list("controllers", ["gloo", "mpi"], "Horovod controllers to measure.")
 flags.DEFINE_integer("rounds", 30, "Interleaved timing rounds.")
@@ -41,14 +40,9 @@ def launch(argv):
     results = {}
     for controller in FLAGS.controllers:
         out = pathlib.Path(FLAGS.output).with_suffix(f".{controller}.json")
-        command = ["horovodrun", "-np", "2", "-H", "localhost:2", f"--{controller}",
-                   sys.executable, __file__, "--worker", f"--rounds={FLAGS.rounds}",
-                   f"--steps={FLAGS.steps}", f"--width={FLAGS.width}", f"--output={out}"]
-        if FLAGS.groups:
-            command.append(f"--groups={FLAGS.groups}")
-        subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                       stdout=subprocess.DEVNULL)
-        results[controller] = json.loads(out.read_text())
+        results[controller] = horovod_workers.run(
+            __file__, out, controller=controller, rounds=FLAGS.rounds, steps=FLAGS.steps,
+            width=FLAGS.width, groups=FLAGS.groups or None)
     print(f"gradient exchange, np=2, {results[FLAGS.controllers[0]]['gradient_mb']:.1f} MB "
           "of float32 gradients per step (medians, ms)")
     print(f"{'controller':<11}{'local':>7}{'raw_step':>9}{'hvdtrain':>9}{'ratio':>7}"

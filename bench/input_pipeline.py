@@ -13,14 +13,13 @@ small CNN. Goal: pipeline / training >= 5. Rank 0 prints a table and writes JSON
 """
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 import tempfile
 import time
 
 from absl import app, flags
+
+import horovod_workers
 
 flags.DEFINE_integer("np", 2, "Workers.")
 flags.DEFINE_integer("rounds", 3, "Alternating timing rounds.")
@@ -34,13 +33,8 @@ FLAGS = flags.FLAGS
 def launch():
     with tempfile.TemporaryDirectory() as scratch:
         make_images(pathlib.Path(scratch, "images"))
-        command = ["horovodrun", "-np", str(FLAGS.np), "-H", f"localhost:{FLAGS.np}", "--gloo",
-                   sys.executable, __file__, "--worker", f"--rounds={FLAGS.rounds}",
-                   f"--steps={FLAGS.steps}", f"--output={FLAGS.output}",
-                   f"--images={scratch}/images"]
-        subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                       stdout=subprocess.DEVNULL)
-    results = json.loads(pathlib.Path(FLAGS.output).read_text())
+        results = horovod_workers.run(__file__, FLAGS.output, np=FLAGS.np, rounds=FLAGS.rounds,
+                                      steps=FLAGS.steps, images=f"{scratch}/images")
     print(f"input pipeline against training, np={FLAGS.np}, examples/s per worker (medians)")
     print(f"{'dataset':<16}{'pipeline':>10}{'training':>10}{'ratio':>8}")
     for name, r in results.items():

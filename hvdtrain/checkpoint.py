@@ -5,7 +5,7 @@ Each checkpoint is a directory named after its position in training,
     MODEL_DIR/checkpoints/epoch-0003-step-000120/
         variables.npz     every model and optimizer variable, in order
         checkpoint.json   position, settings, workers, monitored metric,
-                          variable shapes and the sha256 of variables.npz
+                          variable names and shapes, the sha256 of variables.npz
 
 written under a temporary name and renamed into place. A reader trusts a
 checkpoint only if its JSON parses and the checksum matches, so one cut short
@@ -66,9 +66,9 @@ class Checkpoint:
         return cls(path, Position(**meta["position"]), meta.get("metric"), meta["settings"])
 
 
-def save(directory, variables, position, settings, metric=None):
-    """Writes `variables` (arrays, or Keras or TF variables) as the
-    checkpoint at `position`; returns its path. Rank 0 only."""
+def save(directory, variables, position, settings, metric=None, names=None):
+    """Writes `variables` (arrays, or Keras or TF variables; `names` for
+    readers) as the checkpoint at `position`; returns its path. Rank 0 only."""
     directory = pathlib.Path(directory)
     final = directory / position.name
     temporary = directory / f"{_TEMPORARY}{position.name}.{os.getpid()}"
@@ -80,7 +80,7 @@ def save(directory, variables, position, settings, metric=None):
             f.flush()
             os.fsync(f.fileno())
         meta = dict(format=FORMAT, position=dataclasses.asdict(position), metric=metric,
-                    settings=settings, shapes=[list(v.shape) for v in values],
+                    settings=settings, names=names, shapes=[list(v.shape) for v in values],
                     dtypes=[str(v.dtype) for v in values],
                     sha256=_sha256(temporary / VARIABLES))
         _write_synced(temporary / META, json.dumps(meta, indent=1))

@@ -1,6 +1,9 @@
 """The `hvdtrain` command: `hvdtrain train --recipe=NAME [flags]`.
 
 Run it under `horovodrun -np N ...` for N workers, or plainly for one.
+Under horovodrun's elastic mode (--min-np, --max-np, --host-discovery-script)
+it trains on the workers there are, going on from the last commit when they
+change.
 Flags left unset take the recipe's defaults; `--flagfile=FILE` reads flags
 from a file. Bad input ends every rank with one line on stderr and exit 2.
 """
@@ -37,7 +40,8 @@ flags.DEFINE_integer("checkpoint_steps", None, "Also a checkpoint every this man
 flags.DEFINE_integer("keep_checkpoints", None, "Checkpoints kept: the newest this many, plus the best by --best_metric.")
 flags.DEFINE_string("best_metric", None, "Metric whose best checkpoint is kept (e.g. val_accuracy; empty: none).")
 flags.DEFINE_enum("nan_policy", None, NAN_POLICIES, "fail: stop every rank when the loss is NaN or infinite; ignore: train on.")
-flags.DEFINE_float("stall_timeout", None, "Seconds a rank waits for a hung peer before Horovod's stall check stops the job (hvdtrain's own watchdog: twice that); 0: never.")
+flags.DEFINE_integer("elastic_commit_steps", None, "Under horovodrun's elastic mode: commit the training state every this many steps (and at each epoch's end); a lost worker costs the steps since the last commit, and added hosts join at the next one.")
+flags.DEFINE_float("stall_timeout", None, "Seconds a rank waits for a hung peer before Horovod's stall check stops the job (hvdtrain's own watchdog: 3 times that); 0: never.")
 flags.DEFINE_integer("intra_op_threads", None, "Threads per op in each process (0: cores / local processes).")
 flags.DEFINE_integer("inter_op_threads", None, "Threads for independent ops (0: TensorFlow's default).")
 flags.DEFINE_integer("verbose", None, "Progress on rank 0: 0 none, 1 bar, 2 line per epoch (default: a bar for one process on a terminal, else 2).")
@@ -46,7 +50,8 @@ FLAGS = flags.FLAGS
 _CONFIG_FLAGS = ("epochs", "batch_size", "learning_rate", "warmup_epochs", "optimizer",
                  "momentum", "seed", "data_dir", "deterministic", "precision", "compression", "backward_passes_per_step",
                  "sparse_as_dense", "model_dir", "resume", "checkpoint_epochs",
-                 "checkpoint_steps", "keep_checkpoints", "best_metric", "nan_policy", "stall_timeout",
+                 "checkpoint_steps", "keep_checkpoints", "best_metric", "nan_policy",
+                 "elastic_commit_steps", "stall_timeout",
                  "intra_op_threads", "inter_op_threads", "verbose")
 
 

@@ -34,6 +34,12 @@ class TrainConfig:
     keep_checkpoints: int = 3       # the newest this many, plus the best by best_metric
     best_metric: str = "val_loss"   # "": keep no best
     nan_policy: str = "fail"        # fail: stop all ranks when the loss is not finite
+    # Under horovodrun's elastic mode: commit every this many steps (and at
+    # each epoch's end). A commit costs about one to three steps of a small
+    # model (copying the state, and the host-update check's broadcast): every
+    # 50 keeps that to a few percent, while a lost worker costs at most 50
+    # steps again (less than the restart itself) and a new host waits as long.
+    elastic_commit_steps: int = 50
     stall_timeout: float = 600.0    # seconds waiting for a hung peer before the job stops (0: never)
     intra_op_threads: int = 0       # 0: host cores / processes on the host
     inter_op_threads: int = 0       # 0: TensorFlow's default
@@ -49,7 +55,7 @@ class TrainConfig:
     def validate(self):
         """Raises UsageError naming the first bad setting and how to fix it."""
         positive = ("epochs", "batch_size", "learning_rate", "backward_passes_per_step",
-                    "keep_checkpoints")
+                    "keep_checkpoints", "elastic_commit_steps")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise UsageError(f"--{name} must be positive, got {getattr(self, name)}")

@@ -23,19 +23,33 @@ again. What depends on the world size must then be redone: `KerasState`
 retraces the model's train step (the traced one has the old size in it), the
 reset callbacks rescale the learning rate, and `train` shards its data by the
 new rank and size.
+
+`hvdtrain train` does all this when horovodrun starts it in elastic mode
+(see trainer.py), with UpdatePositionStateCallback in place of the two
+Update*StateCallbacks.
 """
 
 import functools
+import os
 
 import horovod.tensorflow as hvd
 import keras
 import numpy as np
 import tensorflow as tf
+from absl import logging
 from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError
 
-from hvdtrain import collectives
+from hvdtrain import collectives, runtime
+from hvdtrain.checkpoint import Position
 from hvdtrain.errors import UsageError, lost_peer
+
+
+def launched():
+    """True in a worker that horovodrun started in elastic mode (with
+    --min-np, --max-np or --host-discovery-script): its elastic driver sets
+    HOROVOD_ELASTIC=1 for the workers."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
 
 
 class KerasState(ObjectState):
@@ -115,6 +129,9 @@ def run(func):
 def _reset():
     hvd.shutdown()
     hvd.init()
+    # Ranks can change (the old rank 0 may be gone): as hvdtrain.init does,
+    # rank 0 logs progress and the others only warnings and errors.
+    logging.set_verbosity(logging.INFO if runtime.is_main_process() else logging.WARNING)
 
 
 class CommitStateCallback(keras.callbacks.Callback):
@@ -199,3 +216,34 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         # A restart restores `epoch` with the variables, so counting is safe.
         self.state.epoch += 1
+
+
+class UpdatePositionStateCallback(keras.callbacks.Callback):
+    """Keeps in `state.position` the checkpoint.Position training stands at
+    (the batch after the last one done), in a run of `steps` batches of
+    `batch_size` per worker on the current workers: what
+    `resume.continue_at` maps to the workers there are after a restart.
+
+    Unlike UpdateBatchStateCallback it never ends an epoch early: fit a
+    resumed epoch's rest with its own steps, and give this callback the
+    batch numbers of the whole epoch (resume.ContinuedEpoch does).
+    """
+
+    def __init__(self, state, steps, batch_size):
+        super().__init__()
+        self.state = state
+        self.steps = steps
+        self.batch_size = batch_size
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._stand_at(self._epoch, batch + 1)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._stand_at(epoch + 1, 0)
+
+    def _stand_at(self, epoch, step):
+        self.state.position = Position(epoch, step, self.steps, hvd.size(), self.batch_size)

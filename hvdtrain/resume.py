@@ -71,7 +71,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             self._save(done, 0, None if metric is None else float(metric))
 
     def _save(self, epoch, step, metric=None):
-        values = _with_local_state_averaged(self.model)
+        variables = training_variables(self.model)
+        values = _with_local_state_averaged(self.model, variables)
         if not runtime.is_main_process():
             return
         start = time.perf_counter()
@@ -87,7 +88,8 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             return
         position = Position(epoch, step, self.steps, hvd.size(), self.batch_size)
         try:
-            path = checkpoint.save(self.directory, values, position, self.settings, metric)
+            path = checkpoint.save(self.directory, values, position, self.settings, metric,
+                                   names=[v.path for v in variables])
             checkpoint.retain(self.directory, self.keep,
                               checkpoint.metric_mode(self.monitor) if self.monitor else None)
         except OSError as e:
@@ -97,11 +99,10 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         logging.info("checkpoint %s written in %.2f s", path, self.seconds[-1])
 
 
-def _with_local_state_averaged(model):
-    """The training variables' values, with each rank's gradients being
-    accumulated replaced by their average over the ranks: restored on every
-    rank, those give the same next update as the ranks' own would."""
-    variables = training_variables(model)
+def _with_local_state_averaged(model, variables):
+    """`variables`' values, with each rank's gradients being accumulated
+    replaced by their average over the ranks: restored on every rank, those
+    give the same next update as the ranks' own would."""
     local = optimizer_lib.rank_local_variables(model.optimizer)
     if not local or hvd.size() == 1:
         return variables

@@ -36,9 +36,10 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
     """
     if stall_timeout:
         os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", f"{stall_timeout:.0f}")
-        # Checked every this often; Horovod ignores a shutdown time below it.
+        # Checked every this often (Horovod ignores a shutdown time below it);
+        # a stalled tensor from the response cache is reported a check later.
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS",
-                              f"{max(1, min(stall_timeout / 2, 60)):.0f}")
+                              f"{max(1, min(stall_timeout / 4, 60)):.0f}")
     hvd.init(comm=comm, process_sets=process_sets)
     _pin_gpu()
     _set_threads(intra_op_threads or default_intra_op_threads(), inter_op_threads)

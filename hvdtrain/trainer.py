@@ -12,8 +12,9 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from hvdtrain import callbacks, export, resume, runtime
+from hvdtrain import callbacks, collectives, elastic, export, resume, runtime
 from hvdtrain import recipe as recipe_lib
+from hvdtrain.checkpoint import Position
 from hvdtrain.compression import Compression
 from hvdtrain.errors import UsageError
 from hvdtrain.evaluation import ExactEvaluation
@@ -26,6 +27,8 @@ COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16, "bf16": Comp
 
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
+    """Of the run, or under elastic mode of its last (re)start: the model
+    and its files are the whole run's, the rest is from that start on."""
     model: keras.Model
     history: dict               # per-epoch metrics, averaged over the workers
     model_path: pathlib.Path    # the final model, .keras (written by rank 0)
@@ -36,41 +39,82 @@ class TrainResult:
 
 
 def train(config):
-    """Trains `config.recipe` data-parallel on all Horovod processes."""
+    """Trains `config.recipe` data-parallel on all Horovod processes. Started
+    by horovodrun in elastic mode, it trains on the workers there are: when
+    they change, training goes on from the last commit on the new ones."""
     config.validate()
     recipe = recipe_lib.get(config.recipe)
     runtime.init(config.intra_op_threads, config.inter_op_threads, precision=config.precision,
                  stall_timeout=config.stall_timeout)
     keras.utils.set_random_seed(config.seed)
 
-    splits = recipe.load_data(config)
-    train_data, validation_data = splits.train, splits.validation
-    logging.info("%d workers x batch %d = global batch %d; %d steps per epoch; "
-                 "%d of %d training examples left out each epoch",
-                 hvd.size(), config.batch_size, hvd.size() * config.batch_size,
-                 train_data.steps, train_data.dropped, train_data.examples)
-
     model = recipe.build_model(config)
-    learning_rate = config.learning_rate * hvd.size()
     optimizer = DistributedOptimizer(
-        _optimizer(config, learning_rate), compression=COMPRESSIONS[config.compression],
-        sparse_as_dense=config.sparse_as_dense,
+        _optimizer(config, config.learning_rate * hvd.size()),
+        compression=COMPRESSIONS[config.compression], sparse_as_dense=config.sparse_as_dense,
         backward_passes_per_step=config.backward_passes_per_step,
         average_aggregated_gradients=True)
     # XLA cannot hold Horovod's collectives; Keras would pick it on GPUs.
     model.compile(optimizer=optimizer, loss=recipe.loss, metrics=list(recipe.metrics),
                   jit_compile=False)
-
     model_dir = pathlib.Path(config.model_dir or pathlib.Path("runs", recipe.name))
-    checkpoints = model_dir / "checkpoints"
-    if config.resume:
-        epoch, step = resume.restore(model, checkpoints, config, train_data.steps)
-        if epoch + step / train_data.steps >= config.warmup_epochs:
-            # Past warm-up nothing sets the rate again: scale it for the workers there are now.
-            optimizer.learning_rate = learning_rate
+
+    if elastic.launched():
+        state = elastic.KerasState(model, position=None)
+        result = elastic.run(_train_from)(state, model, recipe, config, model_dir)
     else:
-        resume.refuse_to_overwrite(checkpoints)
-        epoch, step = 0, 0
+        result = _train_from(None, model, recipe, config, model_dir)
+    if runtime.is_main_process():
+        export.export(model, model_dir)
+    return result
+
+
+def _train_from(state, model, recipe, config, model_dir):
+    """Trains `model` to the last epoch from where the run stands; returns
+    the TrainResult of this start.
+
+    Without `state` (not elastic) it runs once. Under horovodrun's elastic
+    mode it runs again on every restart (`state`: the model's
+    elastic.KerasState, set to the last commit on every worker), so all that
+    depends on the workers is made here: the data's shards and steps, the
+    scaled learning rate, the callbacks (warm-up, checkpoints).
+    """
+    # Sharded by the current rank and size, with the steps agreed between them.
+    splits = recipe.load_data(config)
+    train_data, validation_data = splits.train, splits.validation
+    steps = train_data.steps
+    logging.info("%d workers x batch %d = global batch %d; %d steps per epoch; "
+                 "%d of %d training examples left out each epoch",
+                 hvd.size(), config.batch_size, hvd.size() * config.batch_size,
+                 steps, train_data.dropped, train_data.examples)
+
+    checkpoints = model_dir / "checkpoints"
+    if state is None or state.position is None:
+        # The run's first start (elastic: every worker is here, none has committed yet).
+        if config.resume:
+            epoch, step = resume.restore(model, checkpoints, config, steps)
+        else:
+            resume.refuse_to_overwrite(checkpoints)
+            epoch, step = 0, 0
+        if state is not None:
+            # Commit the start, with rank 0's variables (a checkpoint restored
+            # there) on every worker: a restart must not look for checkpoints
+            # again, it would find this run's own.
+            collectives.broadcast_variables(resume.training_variables(model))
+            state.position = Position(epoch, step, steps, hvd.size(), config.batch_size)
+            state.commit()
+    else:
+        # Counted in examples, as when resuming a checkpoint on other workers.
+        committed = state.position
+        epoch, step = resume.continue_at(committed, steps, hvd.size(), config.batch_size)
+        logging.info("elastic restart, world size %d -> %d: from the commit at epoch %d, "
+                     "step %d of %d, going on at epoch %d, step %d of %d", committed.workers,
+                     hvd.size(), committed.epoch + 1, committed.step, committed.steps,
+                     epoch + 1, step, steps)
+    learning_rate = config.learning_rate * hvd.size()
+    if epoch + step / steps >= config.warmup_epochs:
+        # Past warm-up nothing sets the rate again: scale it for the workers there are now.
+        model.optimizer.learning_rate = learning_rate
 
     fit_callbacks = [
         callbacks.BroadcastGlobalVariablesCallback(root_rank=0),
@@ -83,16 +127,22 @@ def train(config):
         fit_callbacks.append(callbacks.FailOnNonFiniteLoss())
     if config.warmup_epochs:
         fit_callbacks.append(callbacks.LearningRateWarmupCallback(
-            learning_rate, config.warmup_epochs, steps_per_epoch=train_data.steps))
+            learning_rate, config.warmup_epochs, steps_per_epoch=steps))
     saver = resume.PeriodicCheckpoint(
-        checkpoints, dataclasses.asdict(config), train_data.steps, config.batch_size,
+        checkpoints, dataclasses.asdict(config), steps, config.batch_size,
         config.epochs, every_epochs=config.checkpoint_epochs,
         every_steps=config.checkpoint_steps, keep=config.keep_checkpoints,
         monitor=config.best_metric or None, nan_policy=config.nan_policy)
     fit_callbacks.append(saver)
+    watchdog = None
     if config.stall_timeout:
-        # After Horovod's stall check (set to stall_timeout), where that can act.
-        fit_callbacks.append(StallWatchdog(2 * config.stall_timeout))
+        # Well after Horovod's stall check (told stall_timeout), where that can act.
+        watchdog = StallWatchdog(3 * config.stall_timeout)
+        fit_callbacks.append(watchdog)
+    if state is not None:
+        # Last: an epoch's end is committed after the work done there (checkpoint).
+        fit_callbacks += [elastic.UpdatePositionStateCallback(state, steps, config.batch_size),
+                          elastic.CommitStateCallback(state, config.elastic_commit_steps)]
 
     start = time.perf_counter()
     try:
@@ -102,12 +152,14 @@ def train(config):
         if _MARK not in e.message:
             raise
         raise UsageError(e.message.split(_MARK, 1)[1].splitlines()[0]) from None
+    finally:
+        if watchdog:
+            # Keras skips on_train_end when fit raises: a restart (lost worker)
+            # must not leave it watching a fit that is over.
+            watchdog.on_train_end()
     seconds = time.perf_counter() - start
-    model_path, saved_model = model_dir / export.KERAS_FILE, model_dir / export.SAVED_MODEL_DIR
-    if runtime.is_main_process():
-        export.export(model, model_dir)
-    return TrainResult(model, history, model_path, saved_model, seconds, (epoch, step),
-                       saver.seconds)
+    return TrainResult(model, history, model_dir / export.KERAS_FILE,
+                       model_dir / export.SAVED_MODEL_DIR, seconds, (epoch, step), saver.seconds)
 
 
 def _fit(model, data, validation, fit_callbacks, config, epoch, step):
@@ -116,8 +168,8 @@ def _fit(model, data, validation, fit_callbacks, config, epoch, step):
                   shuffle=False)  # the pipeline shuffles
     histories = []
     if step:
-        # The rest of an epoch a checkpoint cut: its own fit, shown to the
-        # callbacks as the whole epoch.
+        # The rest of an epoch a checkpoint or an elastic restart cut: its
+        # own fit, shown to the callbacks as the whole epoch.
         histories.append(model.fit(
             data.rest_of_epoch(epoch, step), epochs=epoch + 1, initial_epoch=epoch,
             steps_per_epoch=data.steps - step,

@@ -12,6 +12,7 @@ a third, this machine's name or address.
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,14 +22,17 @@ import numpy as np
 import pytest
 from horovod.runner.util import network
 
-from launch import REPO, environment, worker
+from hvdtrain import checkpoint
+from launch import REPO, environment, rank_lines, rank_pid, worker
 
 
 @contextlib.contextmanager
-def elastic_run(tmp_path, hosts, workers, *worker_args):
+def elastic_run(tmp_path, hosts, workers, *worker_args, command=None):
     """Starts horovodrun with `workers` processes (1 to 2 later) on the hosts
     that the discovery script reads from tmp_path/hosts (and copies to
-    tmp_path/discovered); yields the process and the workers' output folder."""
+    tmp_path/discovered), each running `command` (default: the elastic_train
+    worker with `worker_args`); yields the process and the workers' output
+    folder, tmp_path/out."""
     (tmp_path / "hosts").write_text("".join(f"{host}:1\n" for host in hosts))
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncp '{tmp_path}/hosts' '{tmp_path}/read' && "
@@ -41,7 +45,7 @@ def elastic_run(tmp_path, hosts, workers, *worker_args):
     # given Horovod does not need two hosts to start.
     command = ["horovodrun", "-np", workers, "--min-np", 1, "--max-np", 2,
                "--host-discovery-script", discover, "--gloo", "--network-interface", "lo",
-               *worker("elastic_train"), out, *worker_args]
+               *(command or [*worker("elastic_train"), out, *worker_args])]
     with open(tmp_path / "horovodrun.log", "w") as log:
         process = subprocess.Popen([str(a) for a in command], cwd=REPO, env=environment(None),
                                    stdout=log, stderr=subprocess.STDOUT)
@@ -216,3 +220,32 @@ def test_failed_host_is_blacklisted_and_a_new_one_replaces_it(tmp_path):
     for name in rank0.files:
         np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=name)
     check_training(log, kept, rank0)
+
+
+@pytest.mark.timeout(150)
+def test_cli_trains_on_after_a_worker_is_killed(tmp_path):
+    out = tmp_path / "out"
+    train = ["hvdtrain", "train", f"--model_dir={out}", "--epochs=3", "--batch_size=8",
+             "--checkpoint_steps=20", "--elastic_commit_steps=10"]
+    with elastic_run(tmp_path, ["localhost", "127.0.0.1"], 2, command=train) as (process, _):
+        # 89 steps an epoch on 2 workers: global step 100 is step 11 of the second epoch.
+        wait_for((out / "checkpoints" / "epoch-0001-step-000011").exists, process, tmp_path,
+                 "a checkpoint in the second epoch")
+        os.kill(rank_pid(1, str(out)), signal.SIGKILL)
+        finish(process, tmp_path)
+
+    logged = "\n".join(text for rank, text in rank_lines((tmp_path / "horovodrun.log").read_text())
+                       if rank == 0)
+    restart = re.search(r"elastic restart, world size 2 -> 1: from the commit at epoch (\d), "
+                        r"step (\d+) of 89, going on at epoch (\d), step (\d+) of 179", logged)
+    assert restart, logged[-4000:]
+    epoch, step, going_on_epoch, going_on_step = map(int, restart.groups())
+    # From a commit inside an epoch, at the same example: twice the steps on half the workers.
+    assert epoch >= 2 and step > 0 and (going_on_epoch, going_on_step) == (epoch, 2 * step)
+    done = re.search(r"digits_cnn on 1 worker, \d epochs? in \S+ s: .*val_accuracy (\d\.\d+)",
+                     logged)
+    assert done and float(done.group(1)) > 0.9, logged[-4000:]
+    assert (out / "model.keras").exists() and (out / "saved_model").is_dir()
+    # Rank 0's checkpoints went on too: the last one after the last epoch, on one worker.
+    last, _ = checkpoint.read(checkpoint.listed(out / "checkpoints")[0])
+    assert (last.position.epoch, last.position.step, last.position.workers) == (3, 0, 1)

@@ -2,6 +2,7 @@
 killed mid-epoch, rank 0 killed while it writes a checkpoint, a damaged
 newest checkpoint, and resuming on a different number of workers."""
 
+import json
 import os
 import re
 import shutil
@@ -165,4 +166,20 @@ def test_a_fresh_run_refuses_to_mix_with_an_earlier_runs_checkpoints(tmp_path):
     errors = {text for _, text in rank_lines(result.stderr) if "hvdtrain: error:" in text}
     assert errors == {f"hvdtrain: error: {model_dir / 'checkpoints'} holds checkpoints of an "
                       "earlier run; pass --resume to go on from them, or choose another "
-                      "--model_dir"}
+                      "--model_dir (found by rank 0)"}
+
+
+def test_mixed_precision_state_and_accumulated_gradients_are_checkpointed(tmp_path):
+    model_dir, faults = tmp_path / "model", REPO / "tests" / "recipes" / "faults.py"
+    flags = [f"--recipe={faults}", "--precision=mixed_float16", "--backward_passes_per_step=3",
+             "--checkpoint_steps=7"]
+    _ok(_train(model_dir, *flags, "--epochs=1"))
+    names = json.loads((model_dir / "checkpoints" / "epoch-0000-step-000028" /
+                        checkpoint.META).read_text())["names"]
+    for name in ("loss_scale_optimizer/dynamic_scale", "loss_scale_optimizer/step_counter",
+                 "loss_scale_optimizer/iteration", "hvd_passes"):
+        assert any(n.endswith(name) for n in names), (name, names)
+    assert sum("hvd_accumulated" in n for n in names) == 4   # one per weight, mid-accumulation
+    output = _ok(_train(model_dir, *flags, "--epochs=2", "--resume"))
+    assert re.search(r"resuming from \S+epoch-0001-step-000000 at epoch 2, step 0", output)
+    assert _final_accuracy(output) > 0.9

@@ -26,6 +26,7 @@ def test_override_rejects_unknown_settings():
     (dict(keep_checkpoints=0), "--keep_checkpoints must be positive"),
     (dict(checkpoint_steps=-5), "--checkpoint_steps must be >= 0"),
     (dict(nan_policy="skip"), "unknown --nan_policy=skip; choose one of fail, ignore"),
+    (dict(elastic_commit_steps=0), "--elastic_commit_steps must be positive, got 0"),
 ])
 def test_validate_names_the_bad_setting(values, message):
     with pytest.raises(UsageError) as error:
