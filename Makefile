@@ -2,7 +2,7 @@
 # seconds once done), so both work on a fresh machine.
 VENV ?= .venv
 NP ?= 2
-MODEL_DIR ?= runs/digits_cnn
+MODEL_DIR ?= runs/demo
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: setup demo test bench clean
@@ -10,8 +10,12 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 setup:
 	HVDTRAIN_VENV=$(VENV) bash scripts/install.sh
 
+# The demo starts afresh each time: it removes its own MODEL_DIR first.
 demo: setup
-	horovodrun -np $(NP) -H localhost:$(NP) hvdtrain train --recipe=digits_cnn --model_dir=$(MODEL_DIR)
+	rm -rf $(MODEL_DIR)
+	hvdtrain check-config horovodrun.cfg
+	horovodrun --config-file horovodrun.cfg -np $(NP) -H localhost:$(NP) \
+		hvdtrain train --recipe=digits_cnn --model_dir=$(MODEL_DIR)
 
 test: setup
 	python -m pytest tests

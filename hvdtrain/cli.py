@@ -1,4 +1,6 @@
-"""The `hvdtrain` command: `hvdtrain train --recipe=NAME [flags]`.
+"""The `hvdtrain` command: `hvdtrain train --recipe=NAME [flags]` trains
+(`--dry_run`: checks the flags and stops); `hvdtrain check-config FILE`
+checks a horovodrun --config-file strictly.
 
 Run it under `horovodrun -np N ...` for N workers, or plainly for one.
 Under horovodrun's elastic mode (--min-np, --max-np, --host-discovery-script)
@@ -8,16 +10,18 @@ Flags left unset take the recipe's defaults; `--flagfile=FILE` reads flags
 from a file. Bad input ends every rank with one line on stderr and exit 2.
 """
 
+import dataclasses
 import sys
 
 from absl import app, flags
 
+from hvdtrain import horovod_config
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.config import COMPRESSIONS, NAN_POLICIES, OPTIMIZERS, PRECISIONS, TrainConfig
 from hvdtrain import errors
 from hvdtrain.errors import TrainingError, UsageError
 
-COMMANDS = ("train",)
+COMMANDS = ("train", "check-config")
 
 flags.DEFINE_string("recipe", "digits_cnn", "Recipe to train: a module of recipes/.")
 flags.DEFINE_integer("epochs", None, "Epochs to train.")
@@ -44,6 +48,7 @@ flags.DEFINE_integer("elastic_commit_steps", None, "Under horovodrun's elastic m
 flags.DEFINE_float("stall_timeout", None, "Seconds a rank waits for a hung peer before Horovod's stall check stops the job (hvdtrain's own watchdog: 3 times that); 0: never.")
 flags.DEFINE_integer("intra_op_threads", None, "Threads per op in each process (0: cores / local processes).")
 flags.DEFINE_integer("inter_op_threads", None, "Threads for independent ops (0: TensorFlow's default).")
+flags.DEFINE_bool("dry_run", False, "Check the flags and the recipe's settings, print them, and stop before training.")
 flags.DEFINE_integer("verbose", None, "Progress on rank 0: 0 none, 1 bar, 2 line per epoch (default: a bar for one process on a terminal, else 2).")
 
 FLAGS = flags.FLAGS
@@ -85,6 +90,9 @@ def _main(argv):
         if command not in COMMANDS:
             raise UsageError(f"unknown command '{command}'; use one of: {', '.join(COMMANDS)} "
                              "(e.g. hvdtrain train --recipe=digits_cnn)")
+        if command == "check-config":
+            _check_config(rest)
+            return
         if rest:
             raise UsageError(f"unexpected arguments {' '.join(rest)}; flags take the form --name=value")
         _train()
@@ -101,11 +109,26 @@ def _main(argv):
               "see its error or the launcher's report", status=1)
 
 
+def _check_config(paths):
+    if len(paths) != 1:
+        raise UsageError("check-config takes one file: hvdtrain check-config horovodrun.cfg")
+    config = horovod_config.check(paths[0])
+    settings = sum(len(v) if isinstance(v, dict) else 1 for v in config.values())
+    print(f"hvdtrain: {paths[0]} is valid for horovodrun --config-file "
+          f"({settings} settings in {len(config)} sections)")
+
+
 def _train():
     values = {name: FLAGS[name].value for name in _CONFIG_FLAGS}
     # Bad input fails here, before TensorFlow loads: fast, and one line.
     recipe_lib.check_name(FLAGS.recipe)
     TrainConfig().override(**values).validate()
+    if FLAGS.dry_run:
+        config = recipe_lib.make_config(FLAGS.recipe, **values)
+        settings = " ".join(f"--{k}={v}" for k, v in dataclasses.asdict(config).items()
+                            if v is not None)
+        print(f"hvdtrain: dry run: the flags are valid; training would use {settings}")
+        return
 
     from hvdtrain import runtime, trainer
 

@@ -89,37 +89,67 @@ def _train_from(state, model, recipe, config, model_dir):
                  steps, train_data.dropped, train_data.examples)
 
     checkpoints = model_dir / "checkpoints"
-    if state is None or state.position is None:
-        # The run's first start (elastic: every worker is here, none has committed yet).
-        if config.resume:
-            epoch, step = resume.restore(model, checkpoints, config, steps)
-        else:
-            resume.refuse_to_overwrite(checkpoints)
-            epoch, step = 0, 0
-        if state is not None:
-            # Commit the start, with rank 0's variables (a checkpoint restored
-            # there) on every worker: a restart must not look for checkpoints
-            # again, it would find this run's own.
-            collectives.broadcast_variables(resume.training_variables(model))
-            state.position = Position(epoch, step, steps, hvd.size(), config.batch_size)
-            state.commit()
-    else:
-        # Counted in examples, as when resuming a checkpoint on other workers.
+    epoch, step = _starting_point(state, model, config, checkpoints, steps)
+    learning_rate = config.learning_rate * hvd.size()
+    if epoch + step / steps >= config.warmup_epochs:
+        # Past warm-up nothing sets the rate again: scale it for the workers there are now.
+        model.optimizer.learning_rate = learning_rate
+    fit_callbacks, saver, watchdog = _callbacks(state, config, checkpoints, learning_rate,
+                                                steps, validation_data.steps)
+
+    start = time.perf_counter()
+    try:
+        history = _fit(model, train_data, validation_data, fit_callbacks, config, epoch, step)
+    except tf.errors.InvalidArgumentError as e:
+        # Checks inside input pipelines (e.g. image sizes) carry hvdtrain's message.
+        if _MARK not in e.message:
+            raise
+        raise UsageError(e.message.split(_MARK, 1)[1].splitlines()[0]) from None
+    finally:
+        if watchdog:
+            # Keras skips on_train_end when fit raises: a restart (lost worker)
+            # must not leave it watching a fit that is over.
+            watchdog.on_train_end()
+    seconds = time.perf_counter() - start
+    return TrainResult(model, history, model_dir / export.KERAS_FILE,
+                       model_dir / export.SAVED_MODEL_DIR, seconds, (epoch, step), saver.seconds)
+
+
+def _starting_point(state, model, config, checkpoints, steps):
+    """(epoch, step) where this start trains from."""
+    if state is not None and state.position is not None:
+        # An elastic restart: counted in examples, as when resuming a
+        # checkpoint on other workers.
         committed = state.position
         epoch, step = resume.continue_at(committed, steps, hvd.size(), config.batch_size)
         logging.info("elastic restart, world size %d -> %d: from the commit at epoch %d, "
                      "step %d of %d, going on at epoch %d, step %d of %d", committed.workers,
                      hvd.size(), committed.epoch + 1, committed.step, committed.steps,
                      epoch + 1, step, steps)
-    learning_rate = config.learning_rate * hvd.size()
-    if epoch + step / steps >= config.warmup_epochs:
-        # Past warm-up nothing sets the rate again: scale it for the workers there are now.
-        model.optimizer.learning_rate = learning_rate
+        return epoch, step
+    # The run's first start (elastic: every worker is here, none has committed yet).
+    if config.resume:
+        epoch, step = resume.restore(model, checkpoints, config, steps)
+    else:
+        resume.refuse_to_overwrite(checkpoints)
+        epoch, step = 0, 0
+    if state is not None:
+        # Commit the start, with rank 0's variables (a checkpoint restored
+        # there) on every worker: a restart must not look for checkpoints
+        # again, it would find this run's own.
+        collectives.broadcast_variables(resume.training_variables(model))
+        state.position = Position(epoch, step, steps, hvd.size(), config.batch_size)
+        state.commit()
+    return epoch, step
 
+
+def _callbacks(state, config, checkpoints, learning_rate, steps, validation_steps):
+    """The callbacks of one start, in the order they must run; also its
+    checkpoint saver and watchdog."""
     fit_callbacks = [
         callbacks.BroadcastGlobalVariablesCallback(root_rank=0),
         # Validation metrics: exact over the whole split.
-        ExactEvaluation(validation_data.steps),
+        ExactEvaluation(validation_steps),
         # Training metrics: averaged, before everything that reads them.
         callbacks.MetricAverageCallback(),
     ]
@@ -143,23 +173,7 @@ def _train_from(state, model, recipe, config, model_dir):
         # Last: an epoch's end is committed after the work done there (checkpoint).
         fit_callbacks += [elastic.UpdatePositionStateCallback(state, steps, config.batch_size),
                           elastic.CommitStateCallback(state, config.elastic_commit_steps)]
-
-    start = time.perf_counter()
-    try:
-        history = _fit(model, train_data, validation_data, fit_callbacks, config, epoch, step)
-    except tf.errors.InvalidArgumentError as e:
-        # Checks inside input pipelines (e.g. image sizes) carry hvdtrain's message.
-        if _MARK not in e.message:
-            raise
-        raise UsageError(e.message.split(_MARK, 1)[1].splitlines()[0]) from None
-    finally:
-        if watchdog:
-            # Keras skips on_train_end when fit raises: a restart (lost worker)
-            # must not leave it watching a fit that is over.
-            watchdog.on_train_end()
-    seconds = time.perf_counter() - start
-    return TrainResult(model, history, model_dir / export.KERAS_FILE,
-                       model_dir / export.SAVED_MODEL_DIR, seconds, (epoch, step), saver.seconds)
+    return fit_callbacks, saver, watchdog
 
 
 def _fit(model, data, validation, fit_callbacks, config, epoch, step):

@@ -92,7 +92,8 @@ if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
   # Horovod's own report of what it was built with.
   report=$(PATH="$venv/bin:$PATH" "$venv/bin/horovodrun" --check-build 2>&1) \
     || { echo "$report" >&2; die "horovodrun --check-build failed"; }
-  for need in TensorFlow MPI Gloo; do
+  needs=(TensorFlow MPI Gloo); [ "$gpu" = 1 ] && needs+=(NCCL)
+  for need in "${needs[@]}"; do
     grep -qE "\[X\] $need" <<<"$report" \
       || { echo "$report" >&2; die "Horovod was built without $need (report above)"; }
   done

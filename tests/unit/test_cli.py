@@ -30,3 +30,14 @@ def test_short_help_lists_the_training_flags():
     assert result.stdout.startswith("usage: hvdtrain train [flags]")
     for flag in ("--recipe", "--batch_size", "--precision", "--data_dir", "--compression"):
         assert flag in result.stdout
+
+
+def test_dry_run_checks_the_flags_and_trains_nothing(tmp_path):
+    result = run(["hvdtrain", "train", "--dry_run", "--epochs=3", f"--model_dir={tmp_path / 'm'}"],
+                 timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("hvdtrain: dry run: the flags are valid; training would "
+                                    "use --recipe=digits_cnn --epochs=3 --batch_size=32")
+    assert not (tmp_path / "m").exists()
+    bad = run(["hvdtrain", "train", "--dry_run", "--epochs=0"], timeout=60)
+    assert bad.returncode == 2 and "--epochs must be positive" in bad.stderr
