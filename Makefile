@@ -12,10 +12,10 @@ setup:
 
 # The demo starts afresh each time: it removes its own MODEL_DIR first.
 demo: setup
-	rm -rf $(MODEL_DIR)
+	rm -rf -- "$(MODEL_DIR)"
 	hvdtrain check-config horovodrun.cfg
 	horovodrun --config-file horovodrun.cfg -np $(NP) -H localhost:$(NP) \
-		hvdtrain train --recipe=digits_cnn --model_dir=$(MODEL_DIR)
+		hvdtrain train --recipe=digits_cnn --model_dir="$(MODEL_DIR)"
 
 test: setup
 	python -m pytest tests
