@@ -71,7 +71,7 @@ def save(directory, variables, position, settings, metric=None, names=None):
     readers) as the checkpoint at `position`; returns its path. Rank 0 only."""
     directory = pathlib.Path(directory)
     final = directory / position.name
-    temporary = directory / f"{_TEMPORARY}{position.name}.{os.getpid()}"
+    temporary = temporary_path(final)
     temporary.mkdir(parents=True)
     try:
         values = [np.asarray(keras.ops.convert_to_numpy(v)) for v in variables]
@@ -195,8 +195,7 @@ def save_model(model, path, weights_only=False):
     `weights_only`), atomically."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Keras insists on the suffixes, so the temporary name ends with the name.
-    tmp = path.with_name(f"{_TEMPORARY}{os.getpid()}.{path.name}")
+    tmp = temporary_path(path)
     try:
         if weights_only:
             model.save_weights(tmp)
@@ -206,6 +205,13 @@ def save_model(model, path, weights_only=False):
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def temporary_path(path):
+    """Where to write `path` before renaming it into place: hidden, marked as
+    unfinished, and ending with the name (Keras checks suffixes)."""
+    path = pathlib.Path(path)
+    return path.with_name(f"{_TEMPORARY}{os.getpid()}.{path.name}")
 
 
 def _sha256(path):

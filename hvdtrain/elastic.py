@@ -36,11 +36,10 @@ import horovod.tensorflow as hvd
 import keras
 import numpy as np
 import tensorflow as tf
-from absl import logging
 from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError
 
-from hvdtrain import collectives, runtime
+from hvdtrain import collectives, resume, runtime
 from hvdtrain.checkpoint import Position
 from hvdtrain.errors import UsageError, lost_peer
 
@@ -97,7 +96,7 @@ class KerasState(ObjectState):
             self.model.make_train_function(force=True)
 
     def _variables(self):
-        return [*self.model.variables, *self.optimizer.variables]
+        return resume.training_variables(self.model, self.optimizer)
 
     def _save_variables(self):
         self._saved_values = [np.array(v) for v in self._variables()]
@@ -129,9 +128,8 @@ def run(func):
 def _reset():
     hvd.shutdown()
     hvd.init()
-    # Ranks can change (the old rank 0 may be gone): as hvdtrain.init does,
-    # rank 0 logs progress and the others only warnings and errors.
-    logging.set_verbosity(logging.INFO if runtime.is_main_process() else logging.WARNING)
+    # Ranks can change (the old rank 0 may be gone).
+    runtime.set_log_verbosity()
 
 
 class CommitStateCallback(keras.callbacks.Callback):

@@ -21,8 +21,8 @@ def export(model, model_dir):
     model_dir = pathlib.Path(model_dir)
     keras_path = checkpoint.save_model(model, model_dir / KERAS_FILE)
     saved_model = model_dir / SAVED_MODEL_DIR
-    temporary = model_dir / f".tmp-{os.getpid()}.{SAVED_MODEL_DIR}"
-    replaced = model_dir / f".tmp-{os.getpid()}.old.{SAVED_MODEL_DIR}"
+    temporary = checkpoint.temporary_path(saved_model)
+    replaced = checkpoint.temporary_path(model_dir / f"old.{SAVED_MODEL_DIR}")
     verbosity = logging.get_verbosity()
     logging.set_verbosity(logging.WARNING)  # TensorFlow's notes on tracing and saving
     try:

@@ -24,11 +24,12 @@ from hvdtrain.errors import TrainingError, UsageError
 STATE_SETTINGS = ("recipe", "optimizer", "precision", "backward_passes_per_step")
 
 
-def training_variables(model):
-    """Everything a checkpoint holds, in a fixed order: the model's variables
-    (weights, statistics, random generator states), then the optimizer's
-    (step count, learning rate, slots, loss scale, accumulated gradients)."""
-    return [*model.variables, *model.optimizer.variables]
+def training_variables(model, optimizer=None):
+    """Everything a checkpoint (or an elastic commit) holds, in a fixed order:
+    the model's variables (weights, statistics, random generator states),
+    then its optimizer's, or `optimizer`'s (step count, learning rate, slots,
+    loss scale, accumulated gradients)."""
+    return [*model.variables, *(optimizer or model.optimizer).variables]
 
 
 class PeriodicCheckpoint(keras.callbacks.Callback):

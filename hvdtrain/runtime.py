@@ -46,7 +46,12 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
     if precision is not None:
         # Layers take the policy when they are created: set it before any model.
         keras.mixed_precision.set_global_policy(precision)
-    # Rank 0 reports progress; the other ranks log only warnings and errors.
+    set_log_verbosity()
+
+
+def set_log_verbosity():
+    """Rank 0 reports progress; the other ranks log only warnings and errors.
+    Call again when ranks change (an elastic restart)."""
     logging.set_verbosity(logging.INFO if is_main_process() else logging.WARNING)
 
 

@@ -45,13 +45,19 @@ def rank_lines(output):
     return [(int(rank), text) for rank, text in _RANK_LINE.findall(output)]
 
 
-def start_horovodrun(args, log, np=2, controller="gloo", env=None):
-    """Starts `args` as `np` Horovod processes in the background, their
-    output going to the file `log`; returns the horovodrun process."""
-    command = ["horovodrun", "-np", np, "-H", f"localhost:{np}", f"--{controller}", *args]
+def start(command, log, env=None):
+    """Starts `command` in the background, its output going to the file
+    `log`; returns the process."""
     with open(log, "w") as out:
         return subprocess.Popen([str(a) for a in command], cwd=REPO, env=environment(env),
                                 stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def start_horovodrun(args, log, np=2, controller="gloo", env=None):
+    """Starts `args` as `np` Horovod processes in the background, their
+    output going to the file `log`; returns the horovodrun process."""
+    return start(["horovodrun", "-np", np, "-H", f"localhost:{np}", f"--{controller}", *args],
+                 log, env)
 
 
 def rank_pid(rank, marker):

@@ -23,7 +23,7 @@ import pytest
 from horovod.runner.util import network
 
 from hvdtrain import checkpoint
-from launch import REPO, environment, rank_lines, rank_pid, worker
+from launch import rank_lines, rank_pid, start, worker
 
 
 @contextlib.contextmanager
@@ -46,9 +46,7 @@ def elastic_run(tmp_path, hosts, workers, *worker_args, command=None):
     command = ["horovodrun", "-np", workers, "--min-np", 1, "--max-np", 2,
                "--host-discovery-script", discover, "--gloo", "--network-interface", "lo",
                *(command or [*worker("elastic_train"), out, *worker_args])]
-    with open(tmp_path / "horovodrun.log", "w") as log:
-        process = subprocess.Popen([str(a) for a in command], cwd=REPO, env=environment(None),
-                                   stdout=log, stderr=subprocess.STDOUT)
+    process = start(command, tmp_path / "horovodrun.log")
     try:
         yield process, out
     finally:
@@ -69,6 +67,12 @@ def wait_for(condition, process, tmp_path, what, timeout=60):
                                        f"before {what}:\n{output(tmp_path)}"
         assert time.monotonic() < deadline, f"no {what} after {timeout} s:\n{output(tmp_path)}"
         time.sleep(0.05)
+
+
+def wait_until_held(process, out, tmp_path, ranks):
+    """Waits until worker ranks 0 .. ranks - 1 hold at epoch 1, batch 5 (--hold)."""
+    wait_for(lambda: all((out / f"held.rank{r}").exists() for r in range(ranks)), process,
+             tmp_path, "hold at epoch 1, batch 5")
 
 
 def finish(process, tmp_path):
@@ -142,14 +146,14 @@ def third_local_host_name():
     for name in [socket.gethostname(), *sorted(local)]:
         if name not in ("localhost", "127.0.0.1") and network.resolve_host_address(name) in local:
             return name
-    pytest.skip("no third name for this machine")
+    pytest.skip("this machine has no host name besides localhost and 127.0.0.1 that resolves "
+                "to one of its own addresses, and the test needs a third local host")
 
 
 @pytest.mark.timeout(150)
 def test_killed_worker_leaves_the_survivor_to_finish_from_the_last_commit(tmp_path):
     with elastic_run(tmp_path, ["localhost", "127.0.0.1"], 2, "--hold", 1, 5, 2) as (process, out):
-        wait_for(lambda: all((out / f"held.rank{r}").exists() for r in (0, 1)), process, tmp_path,
-                 "hold at epoch 1, batch 5")
+        wait_until_held(process, out, tmp_path, ranks=2)
         killed = int((out / "held.rank1").read_text())
         os.kill(killed, signal.SIGKILL)
         (out / "go").touch()
@@ -171,7 +175,7 @@ def test_killed_worker_leaves_the_survivor_to_finish_from_the_last_commit(tmp_pa
 def test_added_host_joins_with_the_current_state(tmp_path):
     with elastic_run(tmp_path, ["localhost"], 1, "--hold", 1, 5, 1,
                      "--wait-for-hosts") as (process, out):
-        wait_for((out / "held.rank0").exists, process, tmp_path, "hold at epoch 1, batch 5")
+        wait_until_held(process, out, tmp_path, ranks=1)
         with open(tmp_path / "hosts", "a") as hosts:
             hosts.write("127.0.0.1:1\n")
         (out / "go").touch()
@@ -196,8 +200,7 @@ def test_added_host_joins_with_the_current_state(tmp_path):
 def test_failed_host_is_blacklisted_and_a_new_one_replaces_it(tmp_path):
     third = third_local_host_name()
     with elastic_run(tmp_path, ["localhost", "127.0.0.1"], 2, "--hold", 1, 5, 2) as (process, out):
-        wait_for(lambda: all((out / f"held.rank{r}").exists() for r in (0, 1)), process, tmp_path,
-                 "hold at epoch 1, batch 5")
+        wait_until_held(process, out, tmp_path, ranks=2)
         with open(tmp_path / "hosts", "a") as hosts:
             hosts.write(f"{third}:1\n")
         # Kill once the driver knows the new host, so that it restarts with it.
