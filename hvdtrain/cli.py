@@ -17,7 +17,8 @@ from absl import app, flags
 
 from hvdtrain import horovod_config
 from hvdtrain import recipe as recipe_lib
-from hvdtrain.config import COMPRESSIONS, NAN_POLICIES, OPTIMIZERS, PRECISIONS, TrainConfig
+from hvdtrain.config import (COMPRESSIONS, LR_SCHEDULES, NAN_POLICIES, OPTIMIZERS, PRECISIONS,
+                             TrainConfig)
 from hvdtrain import errors
 from hvdtrain.errors import TrainingError, UsageError
 
@@ -28,6 +29,7 @@ flags.DEFINE_integer("epochs", None, "Epochs to train.")
 flags.DEFINE_integer("batch_size", None, "Batch size per worker (global: workers x this).")
 flags.DEFINE_float("learning_rate", None, "One worker's learning rate; scaled by the number of workers.")
 flags.DEFINE_float("warmup_epochs", None, "Epochs of linear warm-up to the scaled learning rate.")
+flags.DEFINE_enum("lr_schedule", None, LR_SCHEDULES, "After warm-up: constant, cosine decay to 0 at the end, or step (x0.1 at 1/2 and 3/4 of the epochs).")
 flags.DEFINE_enum("optimizer", None, OPTIMIZERS, "Optimizer.")
 flags.DEFINE_float("momentum", None, "Momentum (sgd).")
 flags.DEFINE_integer("seed", None, "Random seed for weights and shuffling.")
@@ -41,13 +43,17 @@ flags.DEFINE_string("model_dir", None, "Where rank 0 writes checkpoints and the 
 flags.DEFINE_bool("resume", None, "Go on from the newest intact checkpoint in --model_dir (if any).")
 flags.DEFINE_integer("checkpoint_epochs", None, "A checkpoint every this many epochs (0: only after the last).")
 flags.DEFINE_integer("checkpoint_steps", None, "Also a checkpoint every this many training steps (0: none within epochs).")
-flags.DEFINE_integer("keep_checkpoints", None, "Checkpoints kept: the newest this many, plus the best by --best_metric.")
+flags.DEFINE_integer("keep_checkpoints", None, "Checkpoints kept: the newest this many, plus the best by --best_metric (0: write none).")
 flags.DEFINE_string("best_metric", None, "Metric whose best checkpoint is kept (e.g. val_accuracy; empty: none).")
 flags.DEFINE_enum("nan_policy", None, NAN_POLICIES, "fail: stop every rank when the loss is NaN or infinite; ignore: train on.")
 flags.DEFINE_integer("elastic_commit_steps", None, "Under horovodrun's elastic mode: commit the training state every this many steps (and at each epoch's end); a lost worker costs the steps since the last commit, and added hosts join at the next one.")
 flags.DEFINE_float("stall_timeout", None, "Seconds a rank waits for a hung peer before Horovod's stall check stops the job (hvdtrain's own watchdog: 3 times that); 0: never.")
 flags.DEFINE_integer("intra_op_threads", None, "Threads per op in each process (0: cores / local processes).")
 flags.DEFINE_integer("inter_op_threads", None, "Threads for independent ops (0: TensorFlow's default).")
+flags.DEFINE_bool("export", None, "Rank 0 writes the trained model (.keras and SavedModel) to --model_dir.")
+flags.DEFINE_integer("throughput_warmup_steps", None, "Training steps at the start of each fit left out of the throughput.")
+flags.DEFINE_integer("throughput_window_steps", None, "Training steps per throughput sample (the report: mean and 95% interval over samples).")
+flags.DEFINE_multi_string("option", [], "The recipe's own setting, NAME=VALUE; repeat for several (--helpshort --recipe=NAME lists them).")
 flags.DEFINE_bool("dry_run", False, "Check the flags and the recipe's settings, print them, and stop before training.")
 flags.DEFINE_integer("verbose", None, "Progress on rank 0: 0 none, 1 bar, 2 line per epoch (default: a bar for one process on a terminal, else 2).")
 
@@ -56,7 +62,8 @@ _CONFIG_FLAGS = ("epochs", "batch_size", "learning_rate", "warmup_epochs", "opti
                  "momentum", "seed", "data_dir", "deterministic", "precision", "compression", "backward_passes_per_step",
                  "sparse_as_dense", "model_dir", "resume", "checkpoint_epochs",
                  "checkpoint_steps", "keep_checkpoints", "best_metric", "nan_policy",
-                 "elastic_commit_steps", "stall_timeout",
+                 "elastic_commit_steps", "stall_timeout", "lr_schedule", "export",
+                 "throughput_warmup_steps", "throughput_window_steps",
                  "intra_op_threads", "inter_op_threads", "verbose")
 
 
@@ -75,6 +82,7 @@ def _parse_flags(argv):
         # absl's short help lists the flags of the script's own module, which
         # for a console script is not this one.
         print(f"usage: hvdtrain train [flags]\n\n{FLAGS.module_help(__name__).strip()}")
+        _print_recipe_options(argv)
         sys.exit(0)
     try:
         return FLAGS(argv)
@@ -82,6 +90,16 @@ def _parse_flags(argv):
         _fail(f"{str(e).removeprefix('ERROR:: ')}; check the --flagfile path")
     except flags.Error as e:
         _fail(f"{e} (see --helpshort)")
+
+
+def _print_recipe_options(argv):
+    names = [a.split("=", 1)[1] for a in argv[1:] if a.startswith("--recipe=")]
+    try:
+        recipe = recipe_lib.get(names[-1] if names else FLAGS["recipe"].default)
+    except UsageError as e:
+        _fail(str(e))
+    print(f"\nOptions of recipe {recipe.name} (--option=NAME=VALUE):")
+    print(recipe_lib.describe_options(recipe) or "  none")
 
 
 def _main(argv):
@@ -123,26 +141,36 @@ def _train():
     # Bad input fails here, before TensorFlow loads: fast, and one line.
     recipe_lib.check_name(FLAGS.recipe)
     TrainConfig().override(**values).validate()
+    # The recipe's options need its module (and so TensorFlow) to be checked.
+    config = recipe_lib.make_config(FLAGS.recipe, FLAGS.option, **values)
     if FLAGS.dry_run:
-        config = recipe_lib.make_config(FLAGS.recipe, **values)
         settings = " ".join(f"--{k}={v}" for k, v in dataclasses.asdict(config).items()
-                            if v is not None)
-        print(f"hvdtrain: dry run: the flags are valid; training would use {settings}")
+                            if v is not None and k != "options")
+        options = "".join(f" --option={k}={v}" for k, v in config.options.items())
+        print(f"hvdtrain: dry run: the flags are valid; training would use {settings}{options}")
         return
 
-    from hvdtrain import runtime, trainer
+    from hvdtrain import runtime, throughput, trainer
 
-    config = recipe_lib.make_config(FLAGS.recipe, **values)
     result = trainer.train(config)
     if runtime.is_main_process():
-        final = {k: v[-1] for k, v in result.history.items() if k.startswith("val_")}
-        metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(final.items()))
-        workers = f"{runtime.size()} worker{'s' * (runtime.size() != 1)}"
-        epochs = config.epochs - result.start[0]
-        print(f"hvdtrain: {config.recipe} on {workers}, "
-              f"{epochs} epoch{'s' * (epochs != 1)} in {result.seconds:.1f} s: "
-              f"{metrics or 'already trained'}")
-        print(f"hvdtrain: model written to {result.model_path} and {result.saved_model}")
+        print(f"hvdtrain: {_summary(config, result, runtime.size())}")
+        if result.throughput is not None:
+            unit = recipe_lib.get(config.recipe).unit
+            print(f"hvdtrain: throughput {throughput.describe(result.throughput, unit)}")
+        if config.export:
+            print(f"hvdtrain: model written to {result.model_path} and {result.saved_model}")
+
+
+def _summary(config, result, workers):
+    """What was trained, how long, and the last epoch's metrics (validation
+    ones where there are)."""
+    last = {k: v[-1] for k, v in result.history.items() if k != "learning_rate"}
+    shown = {k: v for k, v in last.items() if k.startswith("val_")} or last
+    metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(shown.items()))
+    epochs = config.epochs - result.start[0]
+    return (f"{config.recipe} on {workers} worker{'s' * (workers != 1)}, {epochs} epoch{'s' * (epochs != 1)} in "
+            f"{result.seconds:.1f} s: {metrics or 'already trained'}")
 
 
 def _fail(message, status=2):

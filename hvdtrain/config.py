@@ -9,6 +9,7 @@ OPTIMIZERS = ("sgd", "adam")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 COMPRESSIONS = ("none", "fp16", "bf16")
 NAN_POLICIES = ("fail", "ignore")
+LR_SCHEDULES = ("constant", "cosine", "step")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,6 +19,9 @@ class TrainConfig:
     batch_size: int = 32            # per worker: the global batch is size x this
     learning_rate: float = 0.01     # one worker's; scaled by the number of workers
     warmup_epochs: float = 2.0      # linear warm-up from one worker's rate to the scaled one
+    # After warm-up: constant; cosine decay to 0 at the last epoch; or step:
+    # x0.1 at half and again at three quarters of the epochs (He et al., 2016).
+    lr_schedule: str = "constant"
     optimizer: str = "sgd"
     momentum: float = 0.9           # sgd only
     seed: int = 0
@@ -31,7 +35,7 @@ class TrainConfig:
     resume: bool = False            # go on from the newest intact checkpoint in model_dir
     checkpoint_epochs: int = 1      # a checkpoint every this many epochs (0: only after the last)
     checkpoint_steps: int = 0       # and every this many steps (0: none within epochs)
-    keep_checkpoints: int = 3       # the newest this many, plus the best by best_metric
+    keep_checkpoints: int = 3       # the newest this many, plus the best by best_metric (0: write none)
     best_metric: str = "val_loss"   # "": keep no best
     nan_policy: str = "fail"        # fail: stop all ranks when the loss is not finite
     # Under horovodrun's elastic mode: commit every this many steps (and at
@@ -44,6 +48,10 @@ class TrainConfig:
     intra_op_threads: int = 0       # 0: host cores / processes on the host
     inter_op_threads: int = 0       # 0: TensorFlow's default
     verbose: int | None = None      # rank 0's progress; None: a bar on one process's terminal, else a line an epoch
+    export: bool = True             # rank 0 writes the trained model (.keras and SavedModel)
+    throughput_warmup_steps: int = 10   # steps of each fit left out of the throughput
+    throughput_window_steps: int = 10   # steps per throughput sample
+    options: dict = dataclasses.field(default_factory=dict)  # the recipe's own (Recipe.options)
 
     def override(self, **values):
         """A copy with `values` set; None means keep the current value."""
@@ -55,16 +63,18 @@ class TrainConfig:
     def validate(self):
         """Raises UsageError naming the first bad setting and how to fix it."""
         positive = ("epochs", "batch_size", "learning_rate", "backward_passes_per_step",
-                    "keep_checkpoints", "elastic_commit_steps")
+                    "elastic_commit_steps", "throughput_window_steps")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise UsageError(f"--{name} must be positive, got {getattr(self, name)}")
         for name in ("warmup_epochs", "intra_op_threads", "inter_op_threads",
-                     "checkpoint_epochs", "checkpoint_steps", "stall_timeout"):
+                     "checkpoint_epochs", "checkpoint_steps", "stall_timeout",
+                     "throughput_warmup_steps", "keep_checkpoints"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name} must be >= 0, got {getattr(self, name)}")
         for name, allowed in (("optimizer", OPTIMIZERS), ("precision", PRECISIONS),
-                              ("compression", COMPRESSIONS), ("nan_policy", NAN_POLICIES)):
+                              ("compression", COMPRESSIONS), ("nan_policy", NAN_POLICIES),
+                              ("lr_schedule", LR_SCHEDULES)):
             if getattr(self, name) not in allowed:
                 raise UsageError(f"unknown --{name}={getattr(self, name)}; "
                                  f"choose one of {', '.join(allowed)}")

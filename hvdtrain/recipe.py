@@ -20,9 +20,18 @@ from hvdtrain.errors import UsageError
 
 @dataclasses.dataclass(frozen=True)
 class Splits:
-    """This worker's training and validation data (hvdtrain.data.ShardedDataset)."""
+    """This worker's training and validation data (hvdtrain.data.ShardedDataset);
+    no validation: none after each epoch (benchmarks)."""
     train: Any
-    validation: Any
+    validation: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """A setting of one recipe's own (an image size, a vocabulary), set with
+    --option=NAME=VALUE; its type is the default's."""
+    default: bool | int | float | str
+    help: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +42,8 @@ class Recipe:
     loss: Any
     metrics: tuple = ()
     defaults: dict = dataclasses.field(default_factory=dict)  # TrainConfig values
+    options: dict = dataclasses.field(default_factory=dict)   # name -> Option: config.options
+    unit: str = "examples"                # what throughput counts: images, sequences...
 
 
 def available():
@@ -64,7 +75,53 @@ def get(name):
     return module.RECIPE
 
 
-def make_config(name, **overrides):
-    """The recipe's default settings with `overrides` (None: keep the default)."""
+def make_config(name, options=(), **overrides):
+    """The recipe's default settings with `overrides` (None: keep the
+    default) and `options`, the recipe's own settings as "NAME=VALUE"
+    strings or a dict."""
     recipe = get(name)
-    return TrainConfig(recipe=name).override(**recipe.defaults).override(**overrides)
+    values = {key: option.default for key, option in recipe.options.items()}
+    values.update(parse_options(recipe, options))
+    return TrainConfig(recipe=name, options=values).override(
+        **recipe.defaults).override(**overrides)
+
+
+def parse_options(recipe, options):
+    """{name: typed value} from "NAME=VALUE" strings (or a dict) for
+    `recipe`; a UsageError names an unknown option or a bad value."""
+    pairs = options.items() if isinstance(options, dict) else [
+        _split_option(text) for text in options]
+    parsed = {}
+    for key, value in pairs:
+        if key not in recipe.options:
+            known = ", ".join(recipe.options) or "none"
+            raise UsageError(f"recipe {recipe.name} has no option '{key}'; its options: {known}")
+        parsed[key] = _typed(key, value, type(recipe.options[key].default))
+    return parsed
+
+
+def describe_options(recipe):
+    """The recipe's options for --help: one line each."""
+    return "\n".join(f"  --option={key}={option.default}: {option.help}"
+                     for key, option in recipe.options.items())
+
+
+def _split_option(text):
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise UsageError(f"--option={text} is not NAME=VALUE; e.g. --option=image_size=224")
+    return key.strip(), value.strip()
+
+
+def _typed(key, value, kind):
+    if not isinstance(value, str):
+        value = str(value)
+    try:
+        if kind is bool:
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError
+            return value.lower() in ("true", "1")
+        return kind(value)
+    except ValueError:
+        expected = {bool: "true or false", int: "an integer", float: "a number"}.get(kind, "text")
+        raise UsageError(f"--option={key}={value}: expected {expected}") from None

@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from hvdtrain import callbacks, collectives, elastic, export, resume, runtime
+from hvdtrain import callbacks, collectives, elastic, export, resume, runtime, throughput
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.checkpoint import Position
 from hvdtrain.compression import Compression
@@ -36,6 +36,7 @@ class TrainResult:
     seconds: float
     start: tuple                # (epoch, step) training started from
     checkpoint_seconds: list    # each checkpoint's save time (rank 0)
+    throughput: throughput.Measurement | None   # None: too few steps to time
 
 
 def train(config):
@@ -64,7 +65,7 @@ def train(config):
         result = elastic.run(_train_from)(state, model, recipe, config, model_dir)
     else:
         result = _train_from(None, model, recipe, config, model_dir)
-    if runtime.is_main_process():
+    if config.export and runtime.is_main_process():
         export.export(model, model_dir)
     return result
 
@@ -92,10 +93,11 @@ def _train_from(state, model, recipe, config, model_dir):
     epoch, step = _starting_point(state, model, config, checkpoints, steps)
     learning_rate = config.learning_rate * hvd.size()
     if epoch + step / steps >= config.warmup_epochs:
-        # Past warm-up nothing sets the rate again: scale it for the workers there are now.
+        # Past warm-up only a schedule sets the rate: scale it for the workers there are now.
         model.optimizer.learning_rate = learning_rate
-    fit_callbacks, saver, watchdog = _callbacks(state, config, checkpoints, learning_rate,
-                                                steps, validation_data.steps)
+    fit_callbacks, saver, watchdog, meter = _callbacks(
+        state, config, checkpoints, learning_rate, steps,
+        validation_data.steps if validation_data else None)
 
     start = time.perf_counter()
     try:
@@ -111,8 +113,13 @@ def _train_from(state, model, recipe, config, model_dir):
             # must not leave it watching a fit that is over.
             watchdog.on_train_end()
     seconds = time.perf_counter() - start
+    measurement = meter.measurement()
+    if runtime.is_main_process():
+        throughput.log(measurement, recipe.unit)
     return TrainResult(model, history, model_dir / export.KERAS_FILE,
-                       model_dir / export.SAVED_MODEL_DIR, seconds, (epoch, step), saver.seconds)
+                       model_dir / export.SAVED_MODEL_DIR, seconds, (epoch, step),
+                       saver.seconds if saver else [],
+                       measurement)
 
 
 def _starting_point(state, model, config, checkpoints, steps):
@@ -145,25 +152,32 @@ def _starting_point(state, model, config, checkpoints, steps):
 
 def _callbacks(state, config, checkpoints, learning_rate, steps, validation_steps):
     """The callbacks of one start, in the order they must run; also its
-    checkpoint saver and watchdog."""
-    fit_callbacks = [
-        callbacks.BroadcastGlobalVariablesCallback(root_rank=0),
+    checkpoint saver, watchdog and throughput meter."""
+    # First: its timing then leaves out the other callbacks' work between steps.
+    meter = throughput.Throughput(config.batch_size, config.throughput_warmup_steps,
+                                  config.throughput_window_steps)
+    fit_callbacks = [meter, callbacks.BroadcastGlobalVariablesCallback(root_rank=0)]
+    if validation_steps:
         # Validation metrics: exact over the whole split.
-        ExactEvaluation(validation_steps),
-        # Training metrics: averaged, before everything that reads them.
-        callbacks.MetricAverageCallback(),
-    ]
+        fit_callbacks.append(ExactEvaluation(validation_steps))
+    # Training metrics: averaged, before everything that reads them.
+    fit_callbacks.append(callbacks.MetricAverageCallback())
     if config.nan_policy == "fail":
         fit_callbacks.append(callbacks.FailOnNonFiniteLoss())
     if config.warmup_epochs:
         fit_callbacks.append(callbacks.LearningRateWarmupCallback(
             learning_rate, config.warmup_epochs, steps_per_epoch=steps))
-    saver = resume.PeriodicCheckpoint(
-        checkpoints, dataclasses.asdict(config), steps, config.batch_size,
-        config.epochs, every_epochs=config.checkpoint_epochs,
-        every_steps=config.checkpoint_steps, keep=config.keep_checkpoints,
-        monitor=config.best_metric or None, nan_policy=config.nan_policy)
-    fit_callbacks.append(saver)
+    if config.lr_schedule != "constant":
+        fit_callbacks.append(callbacks.decay_after_warmup(
+            config.lr_schedule, learning_rate, config.epochs, config.warmup_epochs, steps))
+    saver = None
+    if config.keep_checkpoints:
+        saver = resume.PeriodicCheckpoint(
+            checkpoints, dataclasses.asdict(config), steps, config.batch_size,
+            config.epochs, every_epochs=config.checkpoint_epochs,
+            every_steps=config.checkpoint_steps, keep=config.keep_checkpoints,
+            monitor=config.best_metric or None, nan_policy=config.nan_policy)
+        fit_callbacks.append(saver)
     watchdog = None
     if config.stall_timeout:
         # Well after Horovod's stall check (told stall_timeout), where that can act.
@@ -173,13 +187,13 @@ def _callbacks(state, config, checkpoints, learning_rate, steps, validation_step
         # Last: an epoch's end is committed after the work done there (checkpoint).
         fit_callbacks += [elastic.UpdatePositionStateCallback(state, steps, config.batch_size),
                           elastic.CommitStateCallback(state, config.elastic_commit_steps)]
-    return fit_callbacks, saver, watchdog
+    return fit_callbacks, saver, watchdog, meter
 
 
 def _fit(model, data, validation, fit_callbacks, config, epoch, step):
     """Trains from batch `step` of `epoch` to the end; returns the history."""
-    common = dict(validation_data=validation.batches(), verbose=_verbosity(config),
-                  shuffle=False)  # the pipeline shuffles
+    common = dict(validation_data=validation.batches() if validation else None,
+                  verbose=_verbosity(config), shuffle=False)  # the pipeline shuffles
     histories = []
     if step:
         # The rest of an epoch a checkpoint or an elastic restart cut: its

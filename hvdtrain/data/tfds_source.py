@@ -12,8 +12,10 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import logging
 
+from hvdtrain import collectives, runtime
 from hvdtrain.data import sharding
 from hvdtrain.errors import UsageError
+
 
 def from_tfds(name, split, batch_size, *, training, preprocess, data_dir=None, seed=0,
               cache=False, deterministic=False, builder=None):
@@ -24,7 +26,8 @@ def from_tfds(name, split, batch_size, *, training, preprocess, data_dir=None, s
     cache: keep the decoded shard in memory after the first epoch (for data
       that fits); each epoch is then a full shuffle of it.
     deterministic: keep tf.data's parallel stages in order (reproducible).
-    builder: an existing builder (for datasets built locally); else by name.
+    builder: an existing builder (for datasets built locally, or from
+      `prepare`); else by name, already prepared in `data_dir`.
     """
     builder = builder or _builder(name, data_dir)
     if split not in builder.info.splits:
@@ -66,12 +69,44 @@ def from_tfds(name, split, batch_size, *, training, preprocess, data_dir=None, s
     return sharding.training(examples, shard_examples, info.num_examples, batch_size, size)
 
 
-def _builder(name, data_dir):
+def prepare(name, data_dir=None):
+    """The builder of TFDS dataset `name` in `data_dir`, downloaded and
+    prepared there first if it is not: by rank 0, then by the first process
+    of each other host (for a data_dir on local disks), while the others
+    wait. A failure (no network, say) ends every rank with the same line."""
+    error = None
+    for turn in (hvd.rank() == 0, hvd.local_rank() == 0 and hvd.rank() != 0):
+        if turn:
+            try:
+                _download_and_prepare(_builder(name, data_dir, prepared=False))
+            except UsageError as e:
+                error = e
+        runtime.barrier()
+    collectives.raise_together(error)
+    return _builder(name, data_dir)
+
+
+def _download_and_prepare(builder):
+    if builder.is_prepared():
+        return
+    logging.info("downloading and preparing TFDS dataset %s in %s", builder.name,
+                 builder.data_dir)
+    try:
+        builder.download_and_prepare()
+    except Exception as e:  # TFDS raises many kinds: network, checksum, disk
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(
+            f"could not download TFDS dataset {builder.name} ({reason[:200]}); prepare it on a "
+            f"machine with network access (tfds build {builder.name} --data_dir=DIR), copy DIR "
+            "here and pass --data_dir=DIR") from None
+
+
+def _builder(name, data_dir, prepared=True):
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
         raise UsageError(f"unknown TFDS dataset '{name}'; check the name (tfds.list_builders())")
-    if not builder.is_prepared():
+    if prepared and not builder.is_prepared():
         raise UsageError(f"TFDS dataset {name} is not prepared in {builder.data_dir}; prepare it "
                          "there first (tfds build --data_dir=...) or pass the right --data_dir")
     return builder

@@ -61,6 +61,22 @@ def test_warmup_at_one_worker_keeps_the_rate():
     assert seen == pytest.approx([0.3] * 8)
 
 
+def test_step_decay_after_warmup_divides_by_ten_at_half_and_three_quarters():
+    seen, history = _fit_recording_lr(callbacks.decay_after_warmup(
+        "step", 1.0, epochs=4, warmup_epochs=1, steps_per_epoch=4), epochs=4)
+    # Epoch 0 is warm-up's (left at the optimizer's 0.1); then 1, x0.1 at epoch 2, x0.01 at 3.
+    assert seen == pytest.approx([0.1] * 4 + [1.0] * 4 + [0.1] * 4 + [0.01] * 4)
+    assert history["learning_rate"] == pytest.approx([0.1, 1.0, 0.1, 0.01])
+
+
+def test_cosine_decay_after_a_fractional_warmup_reaches_zero_at_the_end():
+    seen, _ = _fit_recording_lr(callbacks.decay_after_warmup(
+        "cosine", 1.0, epochs=3, warmup_epochs=0.5, steps_per_epoch=4), epochs=3)
+    expected = [0.5 * (1 + np.cos(np.pi * (1 + i / 4 - 0.5) / 2.5)) for i in range(8)]
+    assert seen == pytest.approx([0.1] * 4 + expected, abs=1e-6)
+    assert seen[-1] < 0.03 and all(a > b for a, b in zip(seen[4:], seen[5:]))
+
+
 def test_metric_average_at_one_worker_keeps_the_values():
     logs = {"loss": 0.5, "accuracy": 0.75, "note": "text"}
     callbacks.MetricAverageCallback().on_epoch_end(0, logs)

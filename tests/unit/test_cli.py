@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from hvdtrain import recipe
 from launch import REPO, run
 
 
@@ -41,3 +42,21 @@ def test_dry_run_checks_the_flags_and_trains_nothing(tmp_path):
     assert not (tmp_path / "m").exists()
     bad = run(["hvdtrain", "train", "--dry_run", "--epochs=0"], timeout=60)
     assert bad.returncode == 2 and "--epochs must be positive" in bad.stderr
+
+
+@pytest.mark.parametrize("name", recipe.available())
+def test_every_recipe_accepts_its_defaults_both_ways(name):
+    # As a command and as a script of its own: the settings printed are the same.
+    as_command = run(["hvdtrain", "train", f"--recipe={name}", "--dry_run"], timeout=120)
+    as_script = run([sys.executable, REPO / "recipes" / f"{name}.py", "--dry_run"], timeout=120)
+    for result in (as_command, as_script):
+        assert result.returncode == 0, result.stderr[-2000:]
+    assert f"--recipe={name} " in as_command.stdout
+    assert as_command.stdout == as_script.stdout
+
+
+def test_short_help_lists_the_recipes_options():
+    result = run(["hvdtrain", "train", "--recipe=resnet50_synthetic", "--helpshort"], timeout=120)
+    assert result.returncode == 0
+    assert "Options of recipe resnet50_synthetic (--option=NAME=VALUE):" in result.stdout
+    assert "--option=image_size=224: height and width of the random images" in result.stdout

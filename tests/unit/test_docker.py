@@ -70,4 +70,4 @@ def test_the_slurm_script_is_valid_bash_and_launches_a_valid_command():
     command = shlex.split(launch.replace("\\\n", " "))
     options = _horovodrun_options(command)
     assert options["--config-file"] == "horovodrun.cfg" and options["-np"] == "$SLURM_NTASKS"
-    _dry_run([word.replace("$SLURM_JOB_NAME", "test") for word in command])
+    _dry_run([word.replace("$SLURM_JOB_ID", "1") for word in command])

@@ -35,3 +35,31 @@ def test_digits_recipe_reads_all_examples_through_tfds(tmp_path):
     assert images.shape == (100, 8, 8, 1) and images.dtype == "float32"
     assert 0.0 <= float(images.numpy().min()) and float(images.numpy().max()) <= 1.0
     assert sum(int(x.shape[0]) for x, _ in splits.validation.batches()) == 359
+
+
+def test_options_take_the_type_of_their_default():
+    config = recipe.make_config("resnet50_synthetic", ["image_size=64", "model=MobileNetV2"])
+    assert config.options == dict(model="MobileNetV2", image_size=64, num_classes=1000,
+                                  iterations=10)
+    assert recipe.make_config("resnet50_synthetic", {"iterations": 3}).options["iterations"] == 3
+
+
+@pytest.mark.parametrize("options, message", [
+    (["image_sze=64"], "recipe resnet50_synthetic has no option 'image_sze'; its options: "
+                       "model, image_size, num_classes, iterations"),
+    (["image_size=big"], "--option=image_size=big: expected an integer"),
+    (["image_size"], "--option=image_size is not NAME=VALUE"),
+    (["=3"], "--option==3 is not NAME=VALUE"),
+])
+def test_bad_options_are_named(options, message):
+    with pytest.raises(UsageError) as error:
+        recipe.make_config("resnet50_synthetic", options)
+    assert message in str(error.value)
+
+
+def test_boolean_options_read_true_and_false():
+    flag = recipe.Recipe("r", None, None, None, options={"on": recipe.Option(False, "")})
+    assert recipe.parse_options(flag, ["on=true"]) == {"on": True}
+    assert recipe.parse_options(flag, ["on=0"]) == {"on": False}
+    with pytest.raises(UsageError, match="expected true or false"):
+        recipe.parse_options(flag, ["on=yes please"])
