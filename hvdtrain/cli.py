@@ -1,6 +1,7 @@
 """The `hvdtrain` command: `hvdtrain train --recipe=NAME [flags]` trains
 (`--dry_run`: checks the flags and stops); `hvdtrain check-config FILE`
-checks a horovodrun --config-file strictly.
+checks a horovodrun --config-file strictly; `hvdtrain doctor [FILE]`
+reports what this machine gives a job.
 
 Run it under `horovodrun -np N ...` for N workers, or plainly for one.
 Under horovodrun's elastic mode (--min-np, --max-np, --host-discovery-script)
@@ -22,7 +23,7 @@ from hvdtrain.config import (COMPRESSIONS, LR_SCHEDULES, NAN_POLICIES, OPTIMIZER
 from hvdtrain import errors
 from hvdtrain.errors import TrainingError, UsageError
 
-COMMANDS = ("train", "check-config")
+COMMANDS = ("train", "check-config", "doctor")
 
 flags.DEFINE_string("recipe", "digits_cnn", "Recipe to train: a module of recipes/.")
 flags.DEFINE_integer("epochs", None, "Epochs to train.")
@@ -54,6 +55,7 @@ flags.DEFINE_bool("export", None, "Rank 0 writes the trained model (.keras and S
 flags.DEFINE_integer("throughput_warmup_steps", None, "Training steps at the start of each fit left out of the throughput.")
 flags.DEFINE_integer("throughput_window_steps", None, "Training steps per throughput sample (the report: mean and 95% interval over samples).")
 flags.DEFINE_multi_string("option", [], "The recipe's own setting, NAME=VALUE; repeat for several (--helpshort --recipe=NAME lists them).")
+flags.DEFINE_bool("self_test", True, "doctor: run the 2-process allreduce self-test under each controller.")
 flags.DEFINE_bool("dry_run", False, "Check the flags and the recipe's settings, print them, and stop before training.")
 flags.DEFINE_integer("verbose", None, "Progress on rank 0: 0 none, 1 bar, 2 line per epoch (default: a bar for one process on a terminal, else 2).")
 
@@ -111,6 +113,9 @@ def _main(argv):
         if command == "check-config":
             _check_config(rest)
             return
+        if command == "doctor":
+            _doctor(rest)
+            return
         if rest:
             raise UsageError(f"unexpected arguments {' '.join(rest)}; flags take the form --name=value")
         _train()
@@ -134,6 +139,14 @@ def _check_config(paths):
     settings = sum(len(v) if isinstance(v, dict) else 1 for v in config.values())
     print(f"hvdtrain: {paths[0]} is valid for horovodrun --config-file "
           f"({settings} settings in {len(config)} sections)")
+
+
+def _doctor(paths):
+    if len(paths) > 1:
+        raise UsageError("doctor takes at most one file: hvdtrain doctor [horovodrun.cfg]")
+    from hvdtrain import doctor
+
+    print(doctor.report(paths[0] if paths else None, self_test=FLAGS.self_test))
 
 
 def _train():

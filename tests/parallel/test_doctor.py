@@ -1,0 +1,34 @@
+"""`hvdtrain doctor`: its report, with a real 2-process allreduce self-test
+under both controllers."""
+
+import re
+
+from launch import run
+
+
+def test_doctor_reports_versions_build_config_and_a_correct_allreduce():
+    result = run(["hvdtrain", "doctor"], timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = result.stdout
+    for section in ("versions", "Horovod build", "devices", "threads", "horovodrun config",
+                    "allreduce self-test, 2 local processes"):
+        assert re.search(rf"^{section}$", report, re.MULTILINE), report
+    assert re.search(r"^  TensorFlow +2\.21\.0$", report, re.MULTILINE)
+    assert re.search(r"^  Horovod +0\.28\.1$", report, re.MULTILINE)
+    assert re.search(r"^  controllers +MPI, Gloo$", report, re.MULTILINE)
+    assert re.search(r"^  CPU:0 +\S", report, re.MULTILINE)
+    assert re.search(r"^  file +\S*horovodrun\.cfg \(valid\)$", report, re.MULTILINE)
+    assert re.search(r"^  fusion_threshold_mb +64$", report, re.MULTILINE)
+    for controller in ("Gloo", "MPI"):
+        line = re.search(rf"^  {controller} +correct; 64 MiB in [\d.]+ ms: "
+                         r"bus bandwidth ([\d.]+) GB/s$", report, re.MULTILINE)
+        assert line and float(line.group(1)) > 0, report
+
+
+def test_doctor_names_a_bad_config_file(tmp_path):
+    bad = tmp_path / "bad.cfg"
+    bad.write_text("params:\n  fusion_treshold_mb: 64\n")
+    result = run(["hvdtrain", "doctor", "--noself_test", bad], timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"^  problem +.*fusion_treshold_mb", result.stdout, re.MULTILINE), result.stdout
+    assert "self-test" not in result.stdout
