@@ -161,7 +161,8 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
                  steps_per_epoch=None, verbose=0):
         def multiplier(epoch):
             # Counting the batch being started makes each epoch end on a round value.
-            epoch += 1.0 / self.steps_per_epoch
+            # A fractional warm-up ends inside an epoch: hold the full rate from there.
+            epoch = min(epoch + 1.0 / self.steps_per_epoch, warmup_epochs)
             return (epoch * (hvd.size() - 1) / warmup_epochs + 1) / hvd.size()
 
         super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
@@ -294,3 +295,43 @@ class FailOnNonFiniteLoss(keras.callbacks.Callback):
                 f"the loss is {float(loss)} at epoch {self._epoch + 1}, step {batch + 1} "
                 f"on rank {hvd.rank()}; lower --learning_rate or check the data, then "
                 "resume from the last checkpoint (or keep going with --nan_policy=ignore)")
+
+
+class HorovodTimeline(keras.callbacks.Callback):
+    """Records Horovod's timeline (negotiation, fusion and each collective,
+    for every rank) over global training steps `first` to `last`
+    (1-based, inclusive) into `path`, which rank 0 writes; view it in
+    chrome://tracing or ui.perfetto.dev. Needs runtime.init(timeline=True)."""
+
+    def __init__(self, path, first, last, steps_per_epoch):
+        super().__init__()
+        self.path = os.fspath(path)
+        self.first, self.last = first, last
+        self.steps_per_epoch = steps_per_epoch
+        self._epoch = 0
+        self._recording = False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        step = self._epoch * self.steps_per_epoch + batch + 1
+        if not self._recording and self.first <= step <= self.last:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            hvd.start_timeline(self.path, mark_cycles=True)
+            self._recording = True
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._recording and self._epoch * self.steps_per_epoch + batch + 1 >= self.last:
+            self._stop()
+
+    def on_train_end(self, logs=None):
+        if self._recording:
+            self._stop()
+
+    def _stop(self):
+        hvd.stop_timeline()
+        self._recording = False
+        if runtime.is_main_process():
+            logging.info("Horovod timeline of steps %d-%d written to %s (open it in "
+                         "chrome://tracing or ui.perfetto.dev)", self.first, self.last, self.path)

@@ -1,7 +1,8 @@
 """The `hvdtrain` command: `hvdtrain train --recipe=NAME [flags]` trains
 (`--dry_run`: checks the flags and stops); `hvdtrain check-config FILE`
 checks a horovodrun --config-file strictly; `hvdtrain doctor [FILE]`
-reports what this machine gives a job.
+reports what this machine gives a job; `hvdtrain report RUN_DIR` plots a
+run's log.
 
 Run it under `horovodrun -np N ...` for N workers, or plainly for one.
 Under horovodrun's elastic mode (--min-np, --max-np, --host-discovery-script)
@@ -23,7 +24,7 @@ from hvdtrain.config import (COMPRESSIONS, LR_SCHEDULES, NAN_POLICIES, OPTIMIZER
 from hvdtrain import errors
 from hvdtrain.errors import TrainingError, UsageError
 
-COMMANDS = ("train", "check-config", "doctor")
+COMMANDS = ("train", "check-config", "doctor", "report")
 
 flags.DEFINE_string("recipe", "digits_cnn", "Recipe to train: a module of recipes/.")
 flags.DEFINE_integer("epochs", None, "Epochs to train.")
@@ -55,6 +56,8 @@ flags.DEFINE_bool("export", None, "Rank 0 writes the trained model (.keras and S
 flags.DEFINE_integer("throughput_warmup_steps", None, "Training steps at the start of each fit left out of the throughput.")
 flags.DEFINE_integer("throughput_window_steps", None, "Training steps per throughput sample (the report: mean and 95% interval over samples).")
 flags.DEFINE_multi_string("option", [], "The recipe's own setting, NAME=VALUE; repeat for several (--helpshort --recipe=NAME lists them).")
+flags.DEFINE_string("timeline_steps", None, "FIRST:LAST: record Horovod's timeline of those global training steps into --model_dir/timeline.json (chrome://tracing, ui.perfetto.dev).")
+flags.DEFINE_bool("verbose_all_ranks", None, "Every rank shows its progress and logs, not only rank 0.")
 flags.DEFINE_bool("self_test", True, "doctor: run the 2-process allreduce self-test under each controller.")
 flags.DEFINE_bool("dry_run", False, "Check the flags and the recipe's settings, print them, and stop before training.")
 flags.DEFINE_integer("verbose", None, "Progress on rank 0: 0 none, 1 bar, 2 line per epoch (default: a bar for one process on a terminal, else 2).")
@@ -65,7 +68,8 @@ _CONFIG_FLAGS = ("epochs", "batch_size", "learning_rate", "warmup_epochs", "opti
                  "sparse_as_dense", "model_dir", "resume", "checkpoint_epochs",
                  "checkpoint_steps", "keep_checkpoints", "best_metric", "nan_policy",
                  "elastic_commit_steps", "stall_timeout", "lr_schedule", "export",
-                 "throughput_warmup_steps", "throughput_window_steps",
+                 "throughput_warmup_steps", "throughput_window_steps", "timeline_steps",
+                 "verbose_all_ranks",
                  "intra_op_threads", "inter_op_threads", "verbose")
 
 
@@ -116,6 +120,9 @@ def _main(argv):
         if command == "doctor":
             _doctor(rest)
             return
+        if command == "report":
+            _report(rest)
+            return
         if rest:
             raise UsageError(f"unexpected arguments {' '.join(rest)}; flags take the form --name=value")
         _train()
@@ -147,6 +154,14 @@ def _doctor(paths):
     from hvdtrain import doctor
 
     print(doctor.report(paths[0] if paths else None, self_test=FLAGS.self_test))
+
+
+def _report(paths):
+    if len(paths) != 1:
+        raise UsageError("report takes one run directory: hvdtrain report runs/digits_cnn")
+    from hvdtrain import report
+
+    print(f"hvdtrain: report written to {report.write(paths[0])}")
 
 
 def _train():

@@ -49,6 +49,8 @@ class TrainConfig:
     inter_op_threads: int = 0       # 0: TensorFlow's default
     verbose: int | None = None      # rank 0's progress; None: a bar on one process's terminal, else a line an epoch
     export: bool = True             # rank 0 writes the trained model (.keras and SavedModel)
+    timeline_steps: str = ""        # "FIRST:LAST": Horovod's timeline of those global steps
+    verbose_all_ranks: bool = False     # every rank shows its progress, not only rank 0
     throughput_warmup_steps: int = 10   # steps of each fit left out of the throughput
     throughput_window_steps: int = 10   # steps per throughput sample
     options: dict = dataclasses.field(default_factory=dict)  # the recipe's own (Recipe.options)
@@ -80,6 +82,21 @@ class TrainConfig:
                                  f"choose one of {', '.join(allowed)}")
         if not 0 <= self.momentum < 1:
             raise UsageError(f"--momentum must be in [0, 1), got {self.momentum}")
+        self.timeline_window()
         if self.verbose not in (None, 0, 1, 2):
             raise UsageError(f"--verbose must be 0, 1 or 2, got {self.verbose}")
         return self
+
+    def timeline_window(self):
+        """(first, last) global steps of --timeline_steps (1-based, inclusive); None when off."""
+        if not self.timeline_steps:
+            return None
+        first, colon, last = self.timeline_steps.partition(":")
+        try:
+            steps = int(first), int(last)
+        except ValueError:
+            steps = None
+        if not colon or steps is None or not 1 <= steps[0] <= steps[1]:
+            raise UsageError(f"--timeline_steps={self.timeline_steps} is not FIRST:LAST with "
+                             "1 <= FIRST <= LAST (global steps); e.g. --timeline_steps=20:30")
+        return steps

@@ -14,14 +14,17 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from hvdtrain.errors import UsageError
+
 rank = hvd.rank
 size = hvd.size
 local_rank = hvd.local_rank
 local_size = hvd.local_size
+_every_rank_logs = False
 
 
 def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=None,
-         comm=None, stall_timeout=None):
+         comm=None, stall_timeout=None, timeline=False, verbose_all_ranks=False):
     """Initialises Horovod and this process's devices, threads and precision.
 
     Args:
@@ -33,13 +36,23 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
       stall_timeout: seconds after which Horovod's stall check shuts all
         ranks down when some rank stopped submitting tensors (it waits
         forever otherwise); unless set in the environment (or horovodrun's).
+      timeline: allow Horovod's timeline to be started and stopped during
+        training (hvd.start_timeline), which Horovod decides at init.
+      verbose_all_ranks: every rank logs its progress, not only rank 0.
     """
+    global _every_rank_logs
+    _every_rank_logs = verbose_all_ranks
     if stall_timeout:
         os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", f"{stall_timeout:.0f}")
         # Checked every this often (Horovod ignores a shutdown time below it);
         # a stalled tensor from the response cache is reported a check later.
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS",
                               f"{max(1, min(stall_timeout / 4, 60)):.0f}")
+    if timeline:
+        recording = os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
+        if recording != "DYNAMIC":
+            raise UsageError(f"horovodrun already records a timeline to {recording} for the "
+                             "whole run; drop --timeline_steps or horovodrun's --timeline-filename")
     hvd.init(comm=comm, process_sets=process_sets)
     _pin_gpu()
     _set_threads(intra_op_threads or default_intra_op_threads(), inter_op_threads)
@@ -50,9 +63,15 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
 
 
 def set_log_verbosity():
-    """Rank 0 reports progress; the other ranks log only warnings and errors.
-    Call again when ranks change (an elastic restart)."""
-    logging.set_verbosity(logging.INFO if is_main_process() else logging.WARNING)
+    """Rank 0 reports progress; the other ranks log only warnings and errors
+    (unless init was told verbose_all_ranks). Call again when ranks change
+    (an elastic restart)."""
+    loud = is_main_process() or _every_rank_logs
+    logging.set_verbosity(logging.INFO if loud else logging.WARNING)
+
+
+def every_rank_logs():
+    return _every_rank_logs
 
 
 def default_intra_op_threads():

@@ -63,8 +63,14 @@ class Measurement:
 class Throughput(keras.callbacks.Callback):
     """Times windows of `window_steps` training steps of `batch_size`
     examples per worker after the first `warmup_steps` of each fit. Give it
-    to every rank; `measurement()` (collective: call it on every rank) gives
-    the result, None if the run was too short for one window."""
+    to every rank, first among the callbacks.
+
+    At each epoch's end (a collective) it adds the epoch's total rate to the
+    logs as `examples_per_second`, for the progress line, the history and
+    TensorBoard, and keeps the epoch's measurement and this rank's step
+    times. `measurement()` (a collective) gives the whole run's; both are
+    None when there were too few steps for one window.
+    """
 
     def __init__(self, batch_size, warmup_steps=10, window_steps=10):
         super().__init__()
@@ -72,19 +78,28 @@ class Throughput(keras.callbacks.Callback):
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
         self.samples = []
+        self.epoch_measurement = None
+        self.epoch_step_seconds = []   # this rank's timed steps of the last epoch
+        self._epoch_first_sample = 0
         self._steps_this_fit = 0
         self._window_start = None
         self._window_steps_done = 0
+        self._step_start = None
 
     def on_train_begin(self, logs=None):
         self._steps_this_fit = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._window_start = None  # a window left open at an epoch's end is dropped
+        self._epoch_first_sample = len(self.samples)
+        self.epoch_step_seconds = []
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self._window_start is None and self._steps_this_fit >= self.warmup_steps:
-            self._window_start, self._window_steps_done = time.perf_counter(), 0
+        if self._steps_this_fit < self.warmup_steps:
+            return
+        self._step_start = time.perf_counter()
+        if self._window_start is None:
+            self._window_start, self._window_steps_done = self._step_start, 0
 
     def on_train_batch_end(self, batch, logs=None):
         self._steps_this_fit += 1
@@ -93,28 +108,46 @@ class Throughput(keras.callbacks.Callback):
         loss = (logs or {}).get("loss")
         if loss is not None:
             float(loss)  # waits for the step to finish where it runs asynchronously (GPUs)
+        now = time.perf_counter()
+        self.epoch_step_seconds.append(now - self._step_start)
         self._window_steps_done += 1
         if self._window_steps_done == self.window_steps:
-            seconds = time.perf_counter() - self._window_start
-            self.samples.append(self.window_steps * self.batch_size / seconds)
+            self.samples.append(self.window_steps * self.batch_size / (now - self._window_start))
             self._window_start = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_measurement = self._measure(self.samples[self._epoch_first_sample:],
+                                               "epoch")
+        if self.epoch_measurement is not None and logs is not None:
+            logs["examples_per_second"] = self.epoch_measurement.total.mean
 
     def measurement(self):
         """The run's throughput, reduced over the ranks (a collective)."""
-        windows = len(self.samples)
+        return self._measure(self.samples, "run")
+
+    def _measure(self, samples, name):
+        windows = len(samples)
         if hvd.size() > 1:
             # Steps are synchronous, so every rank has the same number of windows.
             windows = int(hvd.allreduce(tf.constant(windows), op=hvd.Min,
-                                        name="hvdtrain.throughput.windows"))
+                                        name=f"hvdtrain.throughput.{name}.windows"))
         if windows == 0:
             return None
-        samples = np.asarray(self.samples[:windows], np.float64)
+        samples = np.asarray(samples[:windows], np.float64)
         if hvd.size() > 1:
             samples = hvd.allreduce(tf.constant(samples), op=hvd.Sum,
-                                    name="hvdtrain.throughput").numpy()
+                                    name=f"hvdtrain.throughput.{name}").numpy()
         total = Rate.of(samples)
         return Measurement(total, total.scaled(1 / hvd.size()), hvd.size(), self.window_steps,
                            self.warmup_steps)
+
+
+def step_time_percentiles(seconds):
+    """{p50, p90, p99, max} of step times in seconds (None without any)."""
+    if not seconds:
+        return None
+    p50, p90, p99 = np.percentile(seconds, [50, 90, 99])
+    return dict(p50=float(p50), p90=float(p90), p99=float(p99), max=float(max(seconds)))
 
 
 def describe(measurement, unit="examples"):

@@ -12,7 +12,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from hvdtrain import callbacks, collectives, elastic, export, resume, runtime, throughput
+from hvdtrain import callbacks, collectives, elastic, export, resume, run_log, runtime, throughput
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.checkpoint import Position
 from hvdtrain.compression import Compression
@@ -46,7 +46,8 @@ def train(config):
     config.validate()
     recipe = recipe_lib.get(config.recipe)
     runtime.init(config.intra_op_threads, config.inter_op_threads, precision=config.precision,
-                 stall_timeout=config.stall_timeout)
+                 stall_timeout=config.stall_timeout, timeline=bool(config.timeline_steps),
+                 verbose_all_ranks=config.verbose_all_ranks)
     keras.utils.set_random_seed(config.seed)
 
     model = recipe.build_model(config)
@@ -55,8 +56,11 @@ def train(config):
         compression=COMPRESSIONS[config.compression], sparse_as_dense=config.sparse_as_dense,
         backward_passes_per_step=config.backward_passes_per_step,
         average_aggregated_gradients=True)
+    # A Metric class is made here: made at import, its variables would start
+    # TensorFlow before runtime.init sets its threads.
+    metrics = [m() if isinstance(m, type) else m for m in recipe.metrics]
     # XLA cannot hold Horovod's collectives; Keras would pick it on GPUs.
-    model.compile(optimizer=optimizer, loss=recipe.loss, metrics=list(recipe.metrics),
+    model.compile(optimizer=optimizer, loss=recipe.loss, metrics=metrics,
                   jit_compile=False)
     model_dir = pathlib.Path(config.model_dir or pathlib.Path("runs", recipe.name))
 
@@ -90,14 +94,16 @@ def _train_from(state, model, recipe, config, model_dir):
                  steps, train_data.dropped, train_data.examples)
 
     checkpoints = model_dir / "checkpoints"
+    restarted = state is not None and state.position is not None
     epoch, step = _starting_point(state, model, config, checkpoints, steps)
     learning_rate = config.learning_rate * hvd.size()
     if epoch + step / steps >= config.warmup_epochs:
         # Past warm-up only a schedule sets the rate: scale it for the workers there are now.
         model.optimizer.learning_rate = learning_rate
-    fit_callbacks, saver, watchdog, meter = _callbacks(
-        state, config, checkpoints, learning_rate, steps,
+    fit_callbacks, saver, watchdog, meter, log = _callbacks(
+        state, config, model_dir, learning_rate, steps,
         validation_data.steps if validation_data else None)
+    log.start(config, (epoch, step), resumed=config.resume or restarted)
 
     start = time.perf_counter()
     try:
@@ -114,6 +120,7 @@ def _train_from(state, model, recipe, config, model_dir):
             watchdog.on_train_end()
     seconds = time.perf_counter() - start
     measurement = meter.measurement()
+    log.end(measurement, seconds)
     if runtime.is_main_process():
         throughput.log(measurement, recipe.unit)
     return TrainResult(model, history, model_dir / export.KERAS_FILE,
@@ -150,9 +157,9 @@ def _starting_point(state, model, config, checkpoints, steps):
     return epoch, step
 
 
-def _callbacks(state, config, checkpoints, learning_rate, steps, validation_steps):
+def _callbacks(state, config, model_dir, learning_rate, steps, validation_steps):
     """The callbacks of one start, in the order they must run; also its
-    checkpoint saver, watchdog and throughput meter."""
+    checkpoint saver, watchdog, throughput meter and run log."""
     # First: its timing then leaves out the other callbacks' work between steps.
     meter = throughput.Throughput(config.batch_size, config.throughput_warmup_steps,
                                   config.throughput_window_steps)
@@ -173,11 +180,20 @@ def _callbacks(state, config, checkpoints, learning_rate, steps, validation_step
     saver = None
     if config.keep_checkpoints:
         saver = resume.PeriodicCheckpoint(
-            checkpoints, dataclasses.asdict(config), steps, config.batch_size,
+            model_dir / "checkpoints", dataclasses.asdict(config), steps, config.batch_size,
             config.epochs, every_epochs=config.checkpoint_epochs,
             every_steps=config.checkpoint_steps, keep=config.keep_checkpoints,
             monitor=config.best_metric or None, nan_policy=config.nan_policy)
         fit_callbacks.append(saver)
+    log = run_log.RunLog(model_dir, meter)
+    fit_callbacks.append(log)
+    if runtime.is_main_process():
+        fit_callbacks.append(keras.callbacks.TensorBoard(model_dir / "tensorboard",
+                                                         write_graph=False))
+    if config.timeline_steps:
+        first, last = config.timeline_window()
+        fit_callbacks.append(callbacks.HorovodTimeline(model_dir / "timeline.json", first, last,
+                                                       steps))
     watchdog = None
     if config.stall_timeout:
         # Well after Horovod's stall check (told stall_timeout), where that can act.
@@ -187,7 +203,7 @@ def _callbacks(state, config, checkpoints, learning_rate, steps, validation_step
         # Last: an epoch's end is committed after the work done there (checkpoint).
         fit_callbacks += [elastic.UpdatePositionStateCallback(state, steps, config.batch_size),
                           elastic.CommitStateCallback(state, config.elastic_commit_steps)]
-    return fit_callbacks, saver, watchdog, meter
+    return fit_callbacks, saver, watchdog, meter, log
 
 
 def _fit(model, data, validation, fit_callbacks, config, epoch, step):
@@ -222,7 +238,7 @@ def _optimizer(config, learning_rate):
 
 def _verbosity(config):
     if not runtime.is_main_process():
-        return 0
+        return 2 if config.verbose_all_ranks else 0
     if config.verbose is not None:
         return config.verbose
     # Launchers pipe every rank's output through prefixed lines: no bars there.

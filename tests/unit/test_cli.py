@@ -60,3 +60,18 @@ def test_short_help_lists_the_recipes_options():
     assert result.returncode == 0
     assert "Options of recipe resnet50_synthetic (--option=NAME=VALUE):" in result.stdout
     assert "--option=image_size=224: height and width of the random images" in result.stdout
+
+
+def test_horovodrun_passes_every_flag_through_to_the_command(monkeypatch):
+    # horovodrun's argparse reads abbreviations anywhere on its command line:
+    # a flag named like the start of one of its options would be taken, or refused.
+    from absl import flags
+    from horovod.runner import launch
+
+    from hvdtrain import cli  # noqa: F401 (defines the flags)
+
+    names = [f.name for f in flags.FLAGS.get_flags_for_module("hvdtrain.cli")]
+    assert "recipe" in names and "stall_timeout" in names
+    command = ["hvdtrain", "train", *(f"--{name}=1" for name in names)]
+    monkeypatch.setattr(sys, "argv", ["horovodrun", "-np", "2", "-H", "localhost:2", *command])
+    assert launch.parse_args().command == command
