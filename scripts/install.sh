@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs everything hvdtrain needs, idempotently: Debian's Open MPI and the
-# headers TensorFlow's wheel includes but does not ship, a virtualenv with the
+# Installs everything hvdtrain needs, idempotently: Debian's Open MPI, ssh
+# (launches across hosts, and the multi-host test's sshd) and the headers
+# TensorFlow's wheel includes but does not ship, a virtualenv with the
 # pinned Python packages, and Horovod built from its PyPI source against the
 # installed TensorFlow (the wheel is cached outside the checkout, keyed by the
 # Horovod, TensorFlow and Python versions). An install ends with
@@ -26,7 +27,8 @@ pinned() { # pinned NAME -> the version constraints.txt pins NAME to
 }
 
 # --- Debian packages -------------------------------------------------------
-debs=(openmpi-bin libopenmpi-dev libhighwayhash-dev libfarmhash-dev g++ make)
+debs=(openmpi-bin libopenmpi-dev openssh-client openssh-server libhighwayhash-dev
+      libfarmhash-dev g++ make)
 missing=()
 for d in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$d" 2>/dev/null | grep -q 'install ok installed' || missing+=("$d")
