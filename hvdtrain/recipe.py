@@ -40,7 +40,7 @@ class Recipe:
     build_model: Callable[..., Any]       # (config) -> keras.Model, uncompiled
     load_data: Callable[..., Splits]      # (config) -> Splits, after hvdtrain.init()
     loss: Any
-    metrics: tuple = ()
+    metrics: tuple = ()                   # names, or keras Metric classes (made at compile)
     defaults: dict = dataclasses.field(default_factory=dict)  # TrainConfig values
     options: dict = dataclasses.field(default_factory=dict)   # name -> Option: config.options
     unit: str = "examples"                # what throughput counts: images, sequences...

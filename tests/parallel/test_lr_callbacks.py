@@ -25,7 +25,7 @@ def runs(tmp_path_factory):
     result = horovodrun([*worker("lr_schedules"), out])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return {name: [np.load(out / f"{name}.rank{r}.npz") for r in range(SIZE)]
-            for name in ("warmup", "decay")}
+            for name in ("warmup", "fractional_warmup", "decay")}
 
 
 def _check_training(ranks, lrs, rule):
@@ -49,6 +49,14 @@ def test_warmup_follows_horovods_formula_with_momentum_correction(runs):
               for e in range(2) for b in range(STEPS)]
     assert warmup[-1] == pytest.approx(LR)
     _check_training(runs["warmup"], warmup + [LR] * STEPS, "sgd")
+
+
+def test_a_fractional_warmup_holds_the_full_rate_from_where_it_ends(runs):
+    # Warm-up ends at epoch 1.5, in the middle of the second epoch's 3 steps.
+    warmup = [LR / SIZE * (min(e + (b + 1) / STEPS, 1.5) * (SIZE - 1) / 1.5 + 1)
+              for e in range(2) for b in range(STEPS)]
+    assert warmup[3:] == pytest.approx([LR * 17 / 18, LR, LR])
+    _check_training(runs["fractional_warmup"], warmup + [LR] * STEPS, "sgd")
 
 
 def test_staircase_decay_with_nesterov_momentum_correction(runs):

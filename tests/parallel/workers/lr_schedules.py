@@ -4,6 +4,7 @@ and writes the rate each batch started with and the weights before and after
 to OUT/<run>.rank<r>.npz, for two runs:
 
   warmup: LearningRateWarmupCallback (2 epochs) then an epoch at full rate;
+  fractional_warmup: the same over 1.5 epochs, ending inside epoch 2;
   decay:  LearningRateScheduleCallback with a constant multiplier (exponential
           decay per epoch from epoch 1), Nesterov momentum.
 
@@ -55,5 +56,6 @@ def run(name, callback, nesterov=False):
 OUT = sys.argv[1]
 hvdtrain.init()
 run("warmup", hvdtrain.callbacks.LearningRateWarmupCallback(LR, warmup_epochs=2))
+run("fractional_warmup", hvdtrain.callbacks.LearningRateWarmupCallback(LR, warmup_epochs=1.5))
 run("decay", hvdtrain.callbacks.LearningRateScheduleCallback(LR, 0.5, start_epoch=1),
     nesterov=True)
