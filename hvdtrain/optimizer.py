@@ -139,7 +139,8 @@ class _DistributedMixin:
         self._hvd_reducer.check_runtime()
         variables = list(trainable_variables) if trainable_variables is not None else None
         if self._hvd_passes == 1:
-            return super().apply(self._hvd_reducer(grads, variables), trainable_variables)
+            reduced = self._hvd_reducer(grads, variables)
+            return super().apply(_summed_duplicates(reduced), trainable_variables)
         return self._accumulate_then_apply(list(grads), variables, trainable_variables)
 
     def _accumulate_then_apply(self, grads, variables, trainable_variables):
@@ -164,6 +165,24 @@ class _DistributedMixin:
         # The counter is the same on every rank, so all take the same branch
         # and the collectives inside stay paired.
         tf.cond(self._hvd_counter >= self._hvd_passes, reduce_and_apply, lambda: None)
+
+
+def _summed_duplicates(grads):
+    """`grads` with each tf.IndexedSlices holding every row once, its values
+    summed. Keras 3's optimizers square a sparse gradient's values before
+    duplicate rows are added up (Adam's second moment), so a word seen twice
+    in a batch, or allgathered from several workers, would get a sum of
+    squares instead of the square of the sum: a different update than the
+    same gradient as a dense tensor (--sparse_as_dense) gets."""
+    summed = []
+    for grad in grads:
+        if isinstance(grad, tf.IndexedSlices):
+            rows, positions = tf.unique(grad.indices)
+            grad = tf.IndexedSlices(
+                tf.math.unsorted_segment_sum(grad.values, positions, tf.shape(rows)[0]),
+                rows, grad.dense_shape)
+        summed.append(grad)
+    return summed
 
 
 def _refuse_xla():

@@ -7,6 +7,8 @@ files, each worker reads an even example-level subsplit instead, with a
 warning.
 """
 
+import textwrap
+
 import horovod.tensorflow as hvd
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -96,7 +98,8 @@ def _download_and_prepare(builder):
     except Exception as e:  # TFDS raises many kinds: network, checksum, disk
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(
-            f"could not download TFDS dataset {builder.name} ({reason[:200]}); prepare it on a "
+            f"could not download TFDS dataset {builder.name} "
+            f"({textwrap.shorten(reason, 200, placeholder=' ...')}); prepare it on a "
             f"machine with network access (tfds build {builder.name} --data_dir=DIR), copy DIR "
             "here and pass --data_dir=DIR") from None
 
