@@ -126,19 +126,21 @@ class Throughput(keras.callbacks.Callback):
         return self._measure(self.samples, "run")
 
     def _measure(self, samples, name):
+        # Without Horovod (a plain Keras baseline) this process is all there is.
+        size = hvd.size() if hvd.is_initialized() else 1
         windows = len(samples)
-        if hvd.size() > 1:
+        if size > 1:
             # Steps are synchronous, so every rank has the same number of windows.
             windows = int(hvd.allreduce(tf.constant(windows), op=hvd.Min,
                                         name=f"hvdtrain.throughput.{name}.windows"))
         if windows == 0:
             return None
         samples = np.asarray(samples[:windows], np.float64)
-        if hvd.size() > 1:
+        if size > 1:
             samples = hvd.allreduce(tf.constant(samples), op=hvd.Sum,
                                     name=f"hvdtrain.throughput.{name}").numpy()
         total = Rate.of(samples)
-        return Measurement(total, total.scaled(1 / hvd.size()), hvd.size(), self.window_steps,
+        return Measurement(total, total.scaled(1 / size), size, self.window_steps,
                            self.warmup_steps)
 
 
