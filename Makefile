@@ -20,10 +20,18 @@ demo: setup
 test: setup
 	python -m pytest tests
 
+# bench/alternatives.py also measures Horovod on tf.keras 2, from a virtualenv of
+# its own that bench/keras2_env.sh builds (minutes the first time, seconds after):
+# if that build fails, the benchmark runs the other contenders and says why.
 bench: setup
 	python bench/gradient_exchange.py
 	python bench/input_pipeline.py
-	python bench/checkpoint_cost.py
+	python bench/allreduce_bandwidth.py
+	python bench/np1_overhead.py
+	python bench/weak_scaling.py
+	python bench/startup.py
+	-bash bench/keras2_env.sh
+	python bench/alternatives.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -188,8 +188,8 @@ def _callbacks(state, config, model_dir, learning_rate, steps, validation_steps)
     log = run_log.RunLog(model_dir, meter)
     fit_callbacks.append(log)
     if runtime.is_main_process():
-        fit_callbacks.append(keras.callbacks.TensorBoard(model_dir / "tensorboard",
-                                                         write_graph=False))
+        fit_callbacks.append(callbacks.EpochTensorBoard(model_dir / "tensorboard",
+                                                        write_graph=False))
     if config.timeline_steps:
         first, last = config.timeline_window()
         fit_callbacks.append(callbacks.HorovodTimeline(model_dir / "timeline.json", first, last,

@@ -1,0 +1,170 @@
+"""One worker of bench/alternatives.py: the same CNN, data, optimizer and
+timing, trained with `model.fit` by one of the contenders:
+
+  hvdtrain         Keras 3, hvdtrain.DistributedOptimizer (under horovodrun)
+  mwms             Keras 3, tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG)
+  horovod_keras2   tf.keras 2 (TensorFlow 2.15), horovod.tensorflow.keras (under horovodrun)
+
+It also runs in the Keras 2 environment, so it imports only TensorFlow,
+Keras, Horovod, NumPy and absl at the top, and only APIs that Keras 2.15 and
+Keras 3 share. Each rank writes its window rates, the CPU time its process
+(all threads) spent per step in them, and a checksum of its final weights to
+`<output>.rank<N>.json`.
+"""
+
+import json
+import os
+import time
+
+import keras  # Keras 3, or tf.keras 2.15 in the Keras 2 environment
+import numpy as np
+import tensorflow as tf
+from absl import app, flags
+
+flags.DEFINE_enum("mode", None, ["hvdtrain", "mwms", "horovod_keras2"], "The contender.")
+flags.DEFINE_integer("batch_size", 64, "Examples per worker and step.")
+flags.DEFINE_integer("warmup_steps", 10, "Steps left out at the start of the fit.")
+flags.DEFINE_integer("window_steps", 10, "Steps per timed window.")
+flags.DEFINE_integer("windows", 5, "Timed windows.")
+flags.DEFINE_integer("examples", 1024, "Size of the fixed random data set.")
+flags.DEFINE_string("output", None, "Prefix of the per-rank JSON files.")
+flags.mark_flags_as_required(["mode", "output"])
+FLAGS = flags.FLAGS
+
+
+class WindowTimer(keras.callbacks.Callback):
+    """This rank's examples/s over windows of `window_steps` steps after
+    `warmup_steps`, as hvdtrain.throughput.Throughput times them (which
+    needs Keras 3 and so cannot serve the Keras 2 contender), and the
+    process's CPU seconds per step in each window (all its threads), which
+    depends less than the rate on what else runs on the cores."""
+
+    def __init__(self, batch_size, warmup_steps, window_steps):
+        super().__init__()
+        self.batch_size = batch_size
+        self.warmup_steps = warmup_steps
+        self.window_steps = window_steps
+        self.rates = []
+        self.cpu_per_step = []
+        self._steps = 0
+        self._window_start = None
+        self._window_cpu = None
+        self._in_window = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._steps >= self.warmup_steps and self._window_start is None:
+            self._window_start, self._in_window = time.perf_counter(), 0
+            self._window_cpu = time.process_time()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps += 1
+        if self._window_start is None:
+            return
+        float((logs or {}).get("loss", 0.0))  # the step has finished
+        self._in_window += 1
+        if self._in_window == self.window_steps:
+            seconds = time.perf_counter() - self._window_start
+            self.rates.append(self.window_steps * self.batch_size / seconds)
+            self.cpu_per_step.append((time.process_time() - self._window_cpu) / self.window_steps)
+            self._window_start = None
+
+
+def build_model():
+    layers = keras.layers
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([
+        keras.Input((32, 32, 3)),
+        layers.Conv2D(32, 3, padding="same", activation="relu"),
+        layers.Conv2D(32, 3, padding="same", activation="relu"), layers.MaxPooling2D(),
+        layers.Conv2D(64, 3, padding="same", activation="relu"),
+        layers.Conv2D(64, 3, padding="same", activation="relu"), layers.MaxPooling2D(),
+        layers.Flatten(), layers.Dense(128, activation="relu"), layers.Dense(10)])
+
+
+def dataset(batch_size):
+    rng = np.random.default_rng(0)
+    x = rng.random((FLAGS.examples, 32, 32, 3), dtype=np.float32)
+    y = rng.integers(0, 10, FLAGS.examples).astype(np.int32)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size, drop_remainder=True)
+    return data.cache().repeat().prefetch(tf.data.AUTOTUNE)
+
+
+def sgd():
+    return keras.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+
+
+def compile_model(model, optimizer):
+    # No XLA for any of the three: Horovod's ops do not compile with it.
+    model.compile(optimizer=optimizer,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=False)
+    return model
+
+
+def hvdtrain_setup():
+    import hvdtrain
+    import hvdtrain.callbacks
+
+    hvdtrain.init(intra_op_threads=1)
+    model = compile_model(build_model(), hvdtrain.DistributedOptimizer(sgd()))
+    return (hvdtrain.rank(), model, dataset(FLAGS.batch_size),
+            [hvdtrain.callbacks.BroadcastGlobalVariablesCallback(0)])
+
+
+def horovod_keras2_setup():
+    import horovod.tensorflow.keras as hvd
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    hvd.init()
+    model = compile_model(build_model(), hvd.DistributedOptimizer(sgd()))
+    return (hvd.rank(), model, dataset(FLAGS.batch_size),
+            [hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+
+
+def mwms_setup():
+    tf.config.threading.set_intra_op_parallelism_threads(1)  # before the strategy starts TF
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.RING))
+    # Keras 3's fit calls strategy.reduce in two ways this strategy rejects
+    # (keras-team/keras#20585): on the first batch, an (x, y) tuple, and with
+    # axis=0 on each step's scalar loss. Reduce a tuple's tensors one by one,
+    # and scalars across replicas only.
+    reduce = strategy.reduce
+
+    def reduce_each(op, value, axis=None):
+        def one(v):
+            rank = strategy.experimental_local_results(v)[0].shape.rank
+            return reduce(op, v, axis if rank else None)
+        return tf.nest.map_structure(one, value)
+
+    strategy.reduce = reduce_each
+    with strategy.scope():
+        model = compile_model(build_model(), sgd())
+    # A global batch of workers x per-worker batch; every worker reads the
+    # same fixed arrays, as the Horovod contenders do, so no sharding.
+    data = dataset(FLAGS.batch_size * strategy.num_replicas_in_sync)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    return rank, model, data.with_options(options), []
+
+
+def main(argv):
+    setup = {"hvdtrain": hvdtrain_setup, "mwms": mwms_setup,
+             "horovod_keras2": horovod_keras2_setup}[FLAGS.mode]
+    rank, model, data, callbacks = setup()
+    timer = WindowTimer(FLAGS.batch_size, FLAGS.warmup_steps, FLAGS.window_steps)
+    steps = FLAGS.warmup_steps + FLAGS.windows * FLAGS.window_steps
+    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False,
+              callbacks=[timer, *callbacks])
+    with open(f"{FLAGS.output}.rank{rank}.json", "w") as out:
+        # Equal on every rank only if the contender really trained data-parallel.
+        checksum = float(sum(np.sum(w, dtype=np.float64) for w in model.get_weights()))
+        json.dump({"rates": timer.rates, "cpu_per_step": timer.cpu_per_step,
+                   "weights_checksum": checksum,
+                   "tensorflow": tf.__version__, "keras": keras.__version__}, out)
+
+
+if __name__ == "__main__":
+    app.run(main)

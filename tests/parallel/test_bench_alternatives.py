@@ -1,0 +1,31 @@
+"""bench/alternatives.py at a tiny size, hvdtrain against MultiWorkerMirroredStrategy
+only (the Keras 2 environment is not built here): it writes the throughputs,
+the ratio and the chart."""
+
+import json
+import sys
+
+import pytest
+
+from launch import REPO, run
+
+
+def test_alternatives_reports_throughputs_and_ratio(tmp_path):
+    output = tmp_path / "alternatives.json"
+    result = run([sys.executable, REPO / "bench" / "alternatives.py", "--contenders=hvdtrain,mwms",
+                  "--rounds=1", "--batch_size=16", "--examples=64", "--warmup_steps=2",
+                  "--window_steps=2", "--windows=2", f"--output={output}"], timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads(output.read_text())
+    assert set(results["contenders"]) == {"hvdtrain", "mwms"}
+    for contender in results["contenders"].values():
+        assert contender["examples_per_second"] > 0 and contender["cpu_ms_per_step"] > 0
+        assert contender["per_worker"] == pytest.approx(contender["examples_per_second"] / 2)
+        assert len(contender["rounds"]) == 1 and len(contender["rounds"][0]["window_totals"]) == 2
+    assert results["contenders"]["hvdtrain"]["versions"]["keras"].startswith("3.")
+    ratio = results["contenders"]["hvdtrain"]["examples_per_second"] / \
+        results["contenders"]["mwms"]["examples_per_second"]
+    assert results["ratios"] == {"hvdtrain/mwms": pytest.approx(ratio)}
+    assert results["missing"] == {}
+    assert output.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    assert "hvdtrain / each other >= 1.0" in result.stdout

@@ -1,0 +1,100 @@
+"""bench/allreduce_bandwidth.py, np1_overhead.py, weak_scaling.py and
+startup.py at tiny sizes: each runs and writes the JSON its report is made
+from, with positive times and its ratios computed. Their numbers mean
+nothing at these sizes, so the four run at once (the first test waits)."""
+
+import json
+import sys
+import time
+
+import pytest
+
+from launch import REPO, start
+
+FLAGS = {
+    "allreduce_bandwidth": ["--controllers=gloo", "--sizes=4096,1048576", "--rounds=2"],
+    "np1_overhead": ["--epochs=2", "--warmup_steps=2", "--window_steps=5"],
+    "weak_scaling": ["--rounds=1", "--batch_size=8", "--image_size=8", "--mlp_width=256",
+                     "--warmup_steps=1", "--window_steps=2", "--windows=2",
+                     "--allreduce_rounds=2"],
+    "startup": ["--rounds=1", "--checkpoint_cost_flags=--np=1,--epochs=2,--saves=1,--steps=1,"
+                "--batch_size=1"],
+}
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    """{benchmark: its output JSON path}, once all have finished."""
+    from hvdtrain.datasets import digits
+
+    digits.prepare()  # two of them read it: not both building it on a fresh machine
+    scratch = tmp_path_factory.mktemp("bench")
+    runs = {name: start([sys.executable, REPO / "bench" / f"{name}.py",
+                         f"--output={scratch / name / 'result.json'}", *flags],
+                        scratch / f"{name}.log") for name, flags in FLAGS.items()}
+    deadline = time.monotonic() + 280
+    try:
+        for name, process in runs.items():
+            status = process.wait(timeout=max(1, deadline - time.monotonic()))
+            assert status == 0, (scratch / f"{name}.log").read_text()[-4000:]
+    finally:
+        for process in runs.values():
+            if process.poll() is None:
+                process.kill()
+    return {name: scratch / name / "result.json" for name in FLAGS}
+
+
+def load(path):
+    return json.loads(path.read_text())
+
+
+def test_allreduce_bandwidth(outputs):
+    results = load(outputs["allreduce_bandwidth"])
+    rows = results["controllers"]["gloo"]["sizes"]
+    assert [r["bytes"] for r in rows] == [4096, 1048576]
+    for r in rows:
+        assert r["allreduce_ms"] > 0 and r["copy_ms"] > 0
+        assert r["algbw_gbs"] == pytest.approx(r["bytes"] / r["allreduce_ms"] / 1e6)
+        # At np=2 a rank sends and receives 2 (n - 1) / n = 1 times the buffer.
+        assert r["busbw_gbs"] == pytest.approx(r["algbw_gbs"])
+        assert r["bus_over_copy"] > 0 and len(r["samples_s"]["allreduce"]) == 2
+    assert outputs["allreduce_bandwidth"].with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_np1_overhead(outputs):
+    results = load(outputs["np1_overhead"])
+    # Epoch 1 times the hooks; epoch 2 is compared.
+    (hvdtrain,), (keras,) = results["rates"]["hvdtrain"], results["rates"]["keras"]
+    assert hvdtrain > 0 and keras > 0
+    assert results["ratio"] == pytest.approx(hvdtrain / keras)
+    hooks = results["hook_us_per_step"]
+    assert {"Throughput", "LearningRateWarmupCallback", "EpochTensorBoard"} <= set(hooks)
+    assert all(us > 0 for us in hooks.values())
+
+
+def test_weak_scaling(outputs):
+    results = load(outputs["weak_scaling"])
+    (runs,) = results["rounds"]
+    for model in ("cnn", "mlp"):
+        r = results[model]
+        assert r["np1"] > 0 and r["np2"] > 0 and r["np1_step_ms"] > 0
+        assert r["efficiency"] == pytest.approx(r["np2"] / (2 * r["np1"]))
+        assert r["cpu_efficiency"] > 0
+    mlp = results["mlp"]
+    assert mlp["allreduce_ms"] > 0
+    assert mlp["predicted_np2_step_ms"] == pytest.approx(mlp["np1_step_ms"] + mlp["allreduce_ms"])
+    assert mlp["measured_over_predicted"] == pytest.approx(
+        mlp["np2_step_ms"] / mlp["predicted_np2_step_ms"])
+    assert runs["2"]["mlp"]["gradient_bytes"] == 4 * mlp["parameters"]
+    assert outputs["weak_scaling"].with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_startup(outputs):
+    results = load(outputs["startup"])
+    for np in ("1", "2"):
+        (stages,) = results["rounds"][np]
+        assert all(seconds > 0 for seconds in stages.values()), stages
+        assert stages["total"] == pytest.approx(sum(v for k, v in stages.items() if k != "total"))
+    digits = results["checkpoint_cost"]["digits_cnn"]
+    assert digits["save_seconds"] > 0
+    assert digits["share"] == pytest.approx(digits["save_seconds"] / digits["epoch_seconds"])
