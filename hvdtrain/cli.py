@@ -193,7 +193,9 @@ def _train():
 def _summary(config, result, workers):
     """What was trained, how long, and the last epoch's metrics (validation
     ones where there are)."""
-    last = {k: v[-1] for k, v in result.history.items() if k != "learning_rate"}
+    # The learning rate and the throughput have lines of their own.
+    last = {k: v[-1] for k, v in result.history.items()
+            if k not in ("learning_rate", "examples_per_second")}
     shown = {k: v for k, v in last.items() if k.startswith("val_")} or last
     metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(shown.items()))
     epochs = config.epochs - result.start[0]
