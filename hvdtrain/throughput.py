@@ -40,7 +40,8 @@ class Rate:
         if len(samples) < 2:
             return cls(mean, math.nan, math.nan, len(samples))
         half = float(stats.t.ppf(0.975, len(samples) - 1) * stats.sem(samples))
-        return cls(mean, mean - half, mean + half, len(samples))
+        # A rate is never negative, whatever a few noisy windows suggest.
+        return cls(mean, max(0.0, mean - half), mean + half, len(samples))
 
     def scaled(self, factor):
         return Rate(self.mean * factor, self.low * factor, self.high * factor, self.windows)

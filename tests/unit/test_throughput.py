@@ -75,3 +75,8 @@ def test_too_short_a_run_measures_nothing(monkeypatch):
     meter = throughput.Throughput(batch_size=8, warmup_steps=10, window_steps=10)
     _train(meter, clock, [0.1] * 15, epochs=1)
     assert meter.samples == [] and meter.measurement() is None
+
+
+def test_the_interval_stops_at_zero():
+    rate = throughput.Rate.of([1.0, 30.0])
+    assert rate.low == 0.0 and rate.high > 30.0
