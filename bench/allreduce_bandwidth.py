@@ -19,9 +19,6 @@ equals the algorithm bandwidth); copy bandwidth; and bus / copy, the share
 of memory-copy speed the collective reaches. Rank 0 of each run writes its
 JSON; the launcher prints a table per controller and writes JSON and a
 log-log PNG beside it.
-
-weak_scaling.py imports `measure` to time the allreduce of a model's
-gradient bytes inside its own workers.
 """
 
 import json
@@ -33,18 +30,15 @@ from absl import app, flags
 
 import horovod_workers
 
-FLAGS = flags.FLAGS
 SIZES = [4**k * 1024 for k in range(1, 9)]  # 4 KB .. 64 MB
 
-
-def _define_flags():
-    # Only when run as a script: weak_scaling.py imports `measure` and has flags of its own.
-    flags.DEFINE_list("controllers", ["gloo", "mpi"], "Horovod controllers to measure.")
-    flags.DEFINE_list("sizes", [str(s) for s in SIZES], "Buffer sizes in bytes (multiples of 4).")
-    flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds (after one warm-up round).")
-    flags.DEFINE_string("output", "runs/bench/allreduce_bandwidth.json",
-                        "The JSON; the PNG goes beside it.")
-    flags.DEFINE_bool("worker", False, "Internal: run as one Horovod worker.")
+flags.DEFINE_list("controllers", ["gloo", "mpi"], "Horovod controllers to measure.")
+flags.DEFINE_list("sizes", [str(s) for s in SIZES], "Buffer sizes in bytes (multiples of 4).")
+flags.DEFINE_integer("rounds", 10, "Interleaved timing rounds (after one warm-up round).")
+flags.DEFINE_string("output", "runs/bench/allreduce_bandwidth.json",
+                    "The JSON; the PNG goes beside it.")
+flags.DEFINE_bool("worker", False, "Internal: run as one Horovod worker.")
+FLAGS = flags.FLAGS
 
 
 def calls_per_sample(size, cap):
@@ -177,5 +171,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    _define_flags()
     app.run(main)

@@ -5,18 +5,25 @@
 Trains the same small CNN on the same fixed random 32x32x3 data, with SGD
 momentum, a batch of 64 per worker, 2 processes with one intra-op thread
 each, by `model.fit` under each contender (bench/alternatives_worker.py):
-  hvdtrain         Keras 3 + hvdtrain.DistributedOptimizer, horovodrun -np 2
+  hvdtrain         Keras 3 + hvdtrain.DistributedOptimizer, launched as hvdtrain
+                   jobs are: horovodrun --config-file horovodrun.cfg -np 2
   mwms             Keras 3 + tf.distribute.MultiWorkerMirroredStrategy (RING
                    collectives on CPU), 2 workers on loopback
   horovod_keras2   horovod.tensorflow.keras on TensorFlow 2.15 (tf.keras 2),
-                   horovodrun -np 2, in the virtualenv bench/keras2_env.sh builds
+                   horovodrun -np 2 (Horovod's defaults), in the virtualenv
+                   bench/keras2_env.sh builds
 Every worker times windows of steps after warm-up steps, as hvdtrain's
 throughput does; a run's total is the median over windows of the workers'
 summed rates (a burst of other load on the machine spoils a window, not the
 run). Each worker also records its process's CPU time per step, which
-depends less than the rate on other load. Runs are interleaved (A, B, C, A,
-B, C, ...) so that drift on a busy machine hits all alike; the report is the
-median over rounds and the ratios hvdtrain / each other (goal: >= 1.0).
+depends less than the rate on other load. Runs are interleaved in rounds,
+the order rotated each round (A B C, B C A, ...), so that drift on a busy
+machine hits all alike. The report gives each contender's median over
+rounds, and hvdtrain / each other as the geometric mean of the rounds'
+ratios with its 95% interval (Student's t on their logs): a slow stretch of
+the machine spoils one round's ratio, not the comparison. Goal: >= 1.0;
+the verdict is "met" (mean >= 1), "NOT met" (the whole interval below 1),
+or "within noise" (below 1, but the interval reaches it).
 Prints a table and writes JSON and a PNG bar chart beside it. A missing
 Keras 2 environment leaves that contender out, with the reason, in the table
 and the JSON.
@@ -24,6 +31,7 @@ and the JSON.
 
 import contextlib
 import json
+import math
 import os
 import pathlib
 import signal
@@ -40,10 +48,11 @@ CONTENDERS = ("hvdtrain", "mwms", "horovod_keras2")
 LABELS = {"hvdtrain": "hvdtrain (Keras 3)", "mwms": "MultiWorkerMirrored (Keras 3)",
           "horovod_keras2": "Horovod tf.keras 2 (TF 2.15)"}
 WORKER = pathlib.Path(__file__).with_name("alternatives_worker.py")
+HOROVODRUN_CONFIG = pathlib.Path(__file__).parent.parent / "horovodrun.cfg"
 WORKERS = 2
 
 flags.DEFINE_list("contenders", list(CONTENDERS), "Which of hvdtrain, mwms, horovod_keras2 to run.")
-flags.DEFINE_integer("rounds", 3, "Interleaved rounds (one run of each contender per round).")
+flags.DEFINE_integer("rounds", 5, "Interleaved rounds (one run of each contender per round).")
 flags.DEFINE_integer("batch_size", 64, "Examples per worker and step.")
 flags.DEFINE_integer("warmup_steps", 10, "Steps left out at the start of each run.")
 flags.DEFINE_integer("window_steps", 10, "Steps per timed window.")
@@ -137,8 +146,8 @@ def end(process):
             process.wait(grace)
 
 
-def run_horovod(mode, prefix, log, bin_dir):
-    command = [bin_dir / "horovodrun", "-np", WORKERS, "-H", f"localhost:{WORKERS}",
+def run_horovod(mode, prefix, log, bin_dir, config=()):
+    command = [bin_dir / "horovodrun", *config, "-np", WORKERS, "-H", f"localhost:{WORKERS}",
                f"--{FLAGS.controller}", bin_dir / "python", *worker_flags(mode, prefix)]
     run_processes(mode, [(command, worker_env(bin_dir))], log)
 
@@ -175,7 +184,8 @@ def run_once(mode, scratch, round_index):
     elif mode == "horovod_keras2":
         run_horovod(mode, prefix, log, keras2_venv() / "bin")
     else:
-        run_horovod(mode, prefix, log, pathlib.Path(sys.executable).parent)
+        run_horovod(mode, prefix, log, pathlib.Path(sys.executable).parent,
+                    config=("--config-file", HOROVODRUN_CONFIG))
     seconds = time.perf_counter() - start
     ranks = [json.loads(pathlib.Path(f"{prefix}.rank{r}.json").read_text()) for r in range(WORKERS)]
     checksums = [r["weights_checksum"] for r in ranks]
@@ -191,6 +201,23 @@ def run_once(mode, scratch, round_index):
             "wall_seconds": seconds, "versions": {k: ranks[0][k] for k in ("tensorflow", "keras")}}
 
 
+def paired_ratio(ours, theirs):
+    """Rounds' ratios ours / theirs: their geometric mean, its 95% interval
+    (None from one round) and the verdict on the goal >= 1."""
+    from scipy import stats
+
+    logs = [math.log(a / b) for a, b in zip(ours, theirs)]
+    mean = statistics.fmean(logs)
+    low = high = None
+    if len(logs) > 1:
+        half = float(stats.t.ppf(0.975, len(logs) - 1) * stats.sem(logs))
+        low, high = math.exp(mean - half), math.exp(mean + half)
+    verdict = ("met" if mean >= 0 else "NOT met" if high is None or high < 1
+               else "within noise")
+    return {"ratio": math.exp(mean), "low": low, "high": high, "verdict": verdict,
+            "rounds": [a / b for a, b in zip(ours, theirs)]}
+
+
 def summarize(runs, missing):
     """Medians over rounds, and hvdtrain's ratio to each other contender."""
     contenders = {}
@@ -201,10 +228,10 @@ def summarize(runs, missing):
                                 r["cpu_ms_per_step"] for r in rounds),
                             "versions": rounds[0]["versions"], "rounds": rounds}
     ratios = {}
-    if "hvdtrain" in contenders:
-        ours = contenders["hvdtrain"]["examples_per_second"]
-        ratios = {f"hvdtrain/{mode}": ours / c["examples_per_second"]
-                  for mode, c in contenders.items() if mode != "hvdtrain"}
+    if "hvdtrain" in runs:
+        ours = [r["examples_per_second"] for r in runs["hvdtrain"]]
+        ratios = {f"hvdtrain/{mode}": paired_ratio(ours, [r["examples_per_second"] for r in rounds])
+                  for mode, rounds in runs.items() if mode != "hvdtrain"}
     return {"contenders": contenders, "ratios": ratios, "missing": missing,
             "goal": "hvdtrain / each other >= 1.0",
             "setup": {"workers": WORKERS, "intra_op_threads": 1,
@@ -226,14 +253,15 @@ def report(results):
     for mode, c in contenders.items():
         versions = f"TF {c['versions']['tensorflow']}, Keras {c['versions']['keras']}"
         rates = [r["examples_per_second"] for r in c["rounds"]]
-        ratio = ratios.get(f"hvdtrain/{mode}")
+        ratio = ratios.get(f"hvdtrain/{mode}", {}).get("ratio")
         print(f"{LABELS[mode]:<32}{versions:<25}{c['examples_per_second']:>11.1f}"
               f"{f'{min(rates):.0f}-{max(rates):.0f}':>12}{c['per_worker']:>11.1f}"
               f"{'' if ratio is None else f'{ratio:.3f}':>15}{c['cpu_ms_per_step']:>13.0f}")
     for mode, why in results["missing"].items():
         print(f"{LABELS[mode]:<32}not measured: {why}")
-    verdicts = [f"{name} = {r:.3f} ({'met' if r >= 1.0 else 'NOT met'})"
-                for name, r in ratios.items()]
+    verdicts = [f"{name} = {r['ratio']:.3f}" + (
+        "" if r["low"] is None else f" (95% interval {r['low']:.3f}-{r['high']:.3f})")
+        + f": {r['verdict']}" for name, r in ratios.items()]
     print(f"goal: hvdtrain / each other >= 1.0; {'; '.join(verdicts) or 'no ratio measured'}")
     print("CPU ms/step: one worker process's CPU time (all threads) per step, which depends "
           "less than examples/s on other load on the machine; lower is better")
@@ -257,7 +285,7 @@ def plot(results, path):
     for i, mode in enumerate(modes):
         rounds = [r["examples_per_second"] for r in contenders[mode]["rounds"]]
         rates.plot([i] * len(rounds), rounds, "k.", label="one round" if i == 0 else None)
-        ratio = results["ratios"].get(f"hvdtrain/{mode}")
+        ratio = results["ratios"].get(f"hvdtrain/{mode}", {}).get("ratio")
         rates.text(i, medians[i] / 2, f"median\n{medians[i]:.0f}"
                    + ("" if ratio is None else f"\n\nhvdtrain / it\n= {ratio:.2f}"),
                    ha="center", va="center", color="white", fontsize=9)
@@ -296,7 +324,7 @@ def main(argv):
     runs = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as scratch:
         for round_index in range(FLAGS.rounds):
-            for mode in modes:
+            for mode in modes[round_index % len(modes):] + modes[:round_index % len(modes)]:
                 runs[mode].append(run_once(mode, pathlib.Path(scratch), round_index))
                 print(f"round {round_index + 1}/{FLAGS.rounds} {mode}: "
                       f"{runs[mode][-1]['examples_per_second']:.1f} examples/s", flush=True)

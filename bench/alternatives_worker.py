@@ -127,7 +127,7 @@ def mwms_setup():
         communication_options=tf.distribute.experimental.CommunicationOptions(
             implementation=tf.distribute.experimental.CommunicationImplementation.RING))
     # Keras 3's fit calls strategy.reduce in two ways this strategy rejects
-    # (keras-team/keras#20585): on the first batch, an (x, y) tuple, and with
+    # (tensorflow/tensorflow#72388): on the first batch, an (x, y) tuple, and with
     # axis=0 on each step's scalar loss. Reduce a tuple's tensors one by one,
     # and scalars across replicas only.
     reduce = strategy.reduce

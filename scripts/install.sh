@@ -42,13 +42,8 @@ if ((${#missing[@]})); then
 fi
 
 # --- Python packages -------------------------------------------------------
-if [ ! -x "$venv/bin/python" ]; then
-  python=${PYTHON:-$(command -v python3.11 || command -v python3)}
-  "$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
-    || die "$python is not Python 3.11; set PYTHON=/path/to/python3.11"
-  say "creating virtualenv $venv"
-  "$python" -m venv "$venv"
-fi
+source "$repo/scripts/horovod_wheel.sh"
+new_venv "$venv"
 py=$venv/bin/python
 pip=("$py" -m pip install -q --disable-pip-version-check -c "$constraints")
 
@@ -61,48 +56,22 @@ flavour=cpu; [ "$gpu" = 1 ] && flavour=nccl
 # A stamp of everything that decides the environment: when it matches, nothing
 # is reinstalled and a second run takes seconds.
 stamp_file=$venv/.hvdtrain-install
-stamp=$(cat "$constraints" "$repo/pyproject.toml" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)-$flavour
+stamp=$(cat "$constraints" "$repo/pyproject.toml" "${BASH_SOURCE[0]}" "$repo/scripts/horovod_wheel.sh" \
+  | sha256sum | cut -c1-16)-$flavour
 if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
   say "pip install $tf_pkg==$tf_version and hvdtrain's dependencies"
   "${pip[@]}" --upgrade pip wheel setuptools >/dev/null
   "${pip[@]}" "$tf_pkg" cmake
   wheels=$cache/wheels/horovod-$hvd_version-$tf_pkg-$tf_version-$py_tag-$flavour
-  if ! ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
-    say "building horovod==$hvd_version against $tf_pkg==$tf_version (takes a few minutes)"
-    build=$(mktemp -d)
-    trap 'rm -rf "$build"' EXIT
-    # TensorFlow >= 2.19 moved xla_builder.h; Horovod 0.28.1 includes the old path.
-    shim=$build/include/tensorflow/compiler/xla/client
-    mkdir -p "$shim"
-    echo '#include "xla/hlo/builder/xla_builder.h"' >"$shim/xla_builder.h"
-    gpu_env=(); [ "$gpu" = 1 ] && gpu_env=(HOROVOD_GPU_OPERATIONS=NCCL)
-    env "${gpu_env[@]}" \
-      PATH="$venv/bin:$PATH" CPATH="$build/include${CPATH:+:$CPATH}" \
-      HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-      HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
-      CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
-      "$py" -m pip wheel -q --disable-pip-version-check --no-build-isolation --no-deps \
-        -w "$build/wheel" "horovod==$hvd_version" >"$build/log" 2>&1 \
-      || { tail -n 40 "$build/log" >&2; die "building Horovod failed (log above)"; }
-    mkdir -p "$(dirname "$wheels")"
-    rm -rf "$wheels.tmp" && mv "$build/wheel" "$wheels.tmp" && mv "$wheels.tmp" "$wheels"
-  fi
+  gpu_env=(); [ "$gpu" = 1 ] && gpu_env=(HOROVOD_GPU_OPERATIONS=NCCL)
+  build_horovod_wheel "$venv" "$hvd_version" "$wheels" "${gpu_env[@]}"
   say "installing the Horovod wheel from $wheels"
   "${pip[@]}" --no-deps --force-reinstall "$wheels"/horovod-*.whl
   "${pip[@]}" -e "$repo[test]"
-
-  # Horovod's own report of what it was built with.
-  report=$(PATH="$venv/bin:$PATH" "$venv/bin/horovodrun" --check-build 2>&1) \
-    || { echo "$report" >&2; die "horovodrun --check-build failed"; }
   needs=(TensorFlow MPI Gloo); [ "$gpu" = 1 ] && needs+=(NCCL)
-  for need in "${needs[@]}"; do
-    grep -qE "\[X\] $need" <<<"$report" \
-      || { echo "$report" >&2; die "Horovod was built without $need (report above)"; }
-  done
+  check_horovod_build "$venv" "$wheels" "${needs[@]}"
   echo "$stamp" >"$stamp_file"
 fi
 
-# Every run, in seconds: the installed Horovod loads into TensorFlow with both controllers.
-"$py" -c 'import sys, horovod.tensorflow as hvd; sys.exit(not (hvd.mpi_built() and hvd.gloo_built()))' \
-  2>/dev/null || { rm -f "$stamp_file"; die "horovod.tensorflow does not load with MPI and Gloo; run this script again"; }
+check_horovod_loads "$venv" "$stamp_file"
 say "ok: Horovod $hvd_version with TensorFlow $tf_version, MPI and Gloo in $venv"

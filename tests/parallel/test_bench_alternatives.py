@@ -25,7 +25,11 @@ def test_alternatives_reports_throughputs_and_ratio(tmp_path):
     assert results["contenders"]["hvdtrain"]["versions"]["keras"].startswith("3.")
     ratio = results["contenders"]["hvdtrain"]["examples_per_second"] / \
         results["contenders"]["mwms"]["examples_per_second"]
-    assert results["ratios"] == {"hvdtrain/mwms": pytest.approx(ratio)}
+    (name, paired), = results["ratios"].items()
+    # One round: its ratio, no interval; a verdict all the same.
+    assert name == "hvdtrain/mwms" and paired["ratio"] == pytest.approx(ratio)
+    assert paired["rounds"] == [pytest.approx(ratio)] and paired["low"] is paired["high"] is None
+    assert paired["verdict"] == ("met" if ratio >= 1 else "NOT met")
     assert results["missing"] == {}
     assert output.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
     assert "hvdtrain / each other >= 1.0" in result.stdout

@@ -75,17 +75,22 @@ def test_np1_overhead(outputs):
 def test_weak_scaling(outputs):
     results = load(outputs["weak_scaling"])
     (runs,) = results["rounds"]
+    assert set(runs) == {"np1", "np2", "np2_alone"}
     for model in ("cnn", "mlp"):
         r = results[model]
-        assert r["np1"] > 0 and r["np2"] > 0 and r["np1_step_ms"] > 0
-        assert r["efficiency"] == pytest.approx(r["np2"] / (2 * r["np1"]))
+        np1, np2, alone = (r[f"{run}_examples_per_second"] for run in ("np1", "np2", "np2_alone"))
+        assert np1 > 0 and np2 > 0 and alone > 0 and r["np1_step_ms"] > 0
+        assert r["efficiency"] == pytest.approx(np2 / (2 * np1))
+        assert r["ceiling"] == pytest.approx(alone / (2 * np1))
+        assert r["efficiency_of_ceiling"] == pytest.approx(np2 / alone)
         assert r["cpu_efficiency"] > 0
     mlp = results["mlp"]
-    assert mlp["allreduce_ms"] > 0
-    assert mlp["predicted_np2_step_ms"] == pytest.approx(mlp["np1_step_ms"] + mlp["allreduce_ms"])
+    assert mlp["allreduce_ms"] > 0 and "allreduce_ms" not in runs["np2_alone"]["mlp"]
+    assert mlp["predicted_np2_step_ms"] == pytest.approx(
+        mlp["np2_alone_step_ms"] + mlp["allreduce_ms"])
     assert mlp["measured_over_predicted"] == pytest.approx(
         mlp["np2_step_ms"] / mlp["predicted_np2_step_ms"])
-    assert runs["2"]["mlp"]["gradient_bytes"] == 4 * mlp["parameters"]
+    assert runs["np2"]["mlp"]["gradient_bytes"] == 4 * mlp["parameters"]
     assert outputs["weak_scaling"].with_suffix(".png").read_bytes().startswith(b"\x89PNG")
 
 

@@ -40,7 +40,8 @@ def test_the_images_install_with_the_script_ci_runs():
     assert "make test" in (REPO / "README.md").read_text()
     # install.sh ends with horovodrun --check-build and requires NCCL for GPU builds.
     install = (REPO / "scripts" / "install.sh").read_text()
-    assert "horovodrun\" --check-build" in install and "needs+=(NCCL)" in install
+    assert "check_horovod_build " in install and "needs+=(NCCL)" in install
+    assert "horovodrun\" --check-build" in (REPO / "scripts" / "horovod_wheel.sh").read_text()
     # No password, no key in the image: keys are mounted at run time.
     assert "PasswordAuthentication no" in dockerfile and "ssh-keygen" not in dockerfile
 

@@ -1,0 +1,69 @@
+# Shell functions shared by scripts/install.sh (hvdtrain's environment) and
+# bench/keras2_env.sh (the Keras 2 contender's): a Python 3.11 virtualenv, and
+# Horovod built from its PyPI source against the TensorFlow installed in it,
+# with the wheel cached by the caller. Sourced; the caller defines `say` and `die`.
+
+# new_venv VENV: creates the virtualenv VENV unless it exists.
+new_venv() {
+  local venv=$1 python
+  [ -x "$venv/bin/python" ] && return
+  python=${PYTHON:-$(command -v python3.11 || command -v python3)}
+  "$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
+    || die "$python is not Python 3.11; set PYTHON=/path/to/python3.11"
+  say "creating virtualenv $venv"
+  "$python" -m venv "$venv"
+}
+
+# build_horovod_wheel VENV VERSION WHEELS [NAME=VALUE...]: unless WHEELS holds a
+# wheel already, builds horovod==VERSION with MPI and Gloo against VENV's
+# TensorFlow into WHEELS, the extra build settings (e.g.
+# HOROVOD_GPU_OPERATIONS=NCCL) in the environment.
+build_horovod_wheel() {
+  local venv=$1 version=$2 wheels=$3 build
+  shift 3
+  ls "$wheels"/horovod-*.whl >/dev/null 2>&1 && return
+  say "building horovod==$version against the TensorFlow in $venv (takes a few minutes)"
+  build=$(mktemp -d)
+  # TensorFlow >= 2.19 moved xla_builder.h; Horovod 0.28.1 includes the old
+  # path. An older TensorFlow's own header comes first (its -I precedes CPATH).
+  mkdir -p "$build/include/tensorflow/compiler/xla/client"
+  echo '#include "xla/hlo/builder/xla_builder.h"' \
+    >"$build/include/tensorflow/compiler/xla/client/xla_builder.h"
+  # --no-cache-dir: pip's own wheel cache would hand back a Horovod built from
+  # the same source archive against another TensorFlow.
+  if ! env "$@" PATH="$venv/bin:$PATH" CPATH="$build/include${CPATH:+:$CPATH}" \
+      HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+      HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
+      CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
+      "$venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-build-isolation \
+        --no-deps --no-cache-dir -w "$build/wheel" "horovod==$version" >"$build/log" 2>&1; then
+    tail -n 40 "$build/log" >&2
+    rm -rf "$build"
+    die "building Horovod failed (log above)"
+  fi
+  mkdir -p "$(dirname "$wheels")"
+  rm -rf "$wheels.tmp" && mv "$build/wheel" "$wheels.tmp" && mv "$wheels.tmp" "$wheels"
+  rm -rf "$build"
+}
+
+# check_horovod_build VENV WHEELS FRAMEWORK...: horovodrun --check-build lists
+# every FRAMEWORK (TensorFlow, MPI, Gloo, NCCL); if not, drops the cached
+# wheels, so that the next run rebuilds them, and dies.
+check_horovod_build() {
+  local venv=$1 wheels=$2 report need
+  shift 2
+  report=$(PATH="$venv/bin:$PATH" "$venv/bin/horovodrun" --check-build 2>&1) \
+    || { echo "$report" >&2; rm -rf "$wheels"; die "horovodrun --check-build failed"; }
+  for need in "$@"; do
+    grep -qE "\[X\] $need" <<<"$report" \
+      || { echo "$report" >&2; rm -rf "$wheels"; die "Horovod was built without $need (report above)"; }
+  done
+}
+
+# check_horovod_loads VENV STAMP_FILE: every run, in seconds: horovod.tensorflow
+# loads with both controllers; if not, the stamp goes, so the next run reinstalls.
+check_horovod_loads() {
+  "$1/bin/python" -c 'import sys, horovod.tensorflow as hvd
+sys.exit(not (hvd.mpi_built() and hvd.gloo_built()))' 2>/dev/null \
+    || { rm -f "$2"; die "horovod.tensorflow does not load with MPI and Gloo; run this script again"; }
+}
