@@ -41,6 +41,7 @@ flags.DEFINE_enum("precision", None, PRECISIONS, "Keras dtype policy (mixed_floa
 flags.DEFINE_enum("compression", None, COMPRESSIONS, "Compression of the gradients on the wire.")
 flags.DEFINE_integer("backward_passes_per_step", None, "Batches whose gradients accumulate locally per allreduce and update.")
 flags.DEFINE_bool("sparse_as_dense", None, "Reduce embedding gradients densely instead of allgathering them.")
+flags.DEFINE_integer("allreduce_groups", None, "0: each gradient's allreduce starts as soon as it is computed (Horovod fuses those ready together); N: the gradients in N groups, each reduced as one when all of it is ready (fewer collectives; try 1 on CPUs).")
 flags.DEFINE_string("model_dir", None, "Where rank 0 writes checkpoints and the model (default runs/<recipe>).")
 flags.DEFINE_bool("resume", None, "Go on from the newest intact checkpoint in --model_dir (if any).")
 flags.DEFINE_integer("checkpoint_epochs", None, "A checkpoint every this many epochs (0: only after the last).")
@@ -65,7 +66,7 @@ flags.DEFINE_integer("verbose", None, "Progress on rank 0: 0 none, 1 bar, 2 line
 FLAGS = flags.FLAGS
 _CONFIG_FLAGS = ("epochs", "batch_size", "learning_rate", "warmup_epochs", "optimizer",
                  "momentum", "seed", "data_dir", "deterministic", "precision", "compression", "backward_passes_per_step",
-                 "sparse_as_dense", "model_dir", "resume", "checkpoint_epochs",
+                 "sparse_as_dense", "allreduce_groups", "model_dir", "resume", "checkpoint_epochs",
                  "checkpoint_steps", "keep_checkpoints", "best_metric", "nan_policy",
                  "elastic_commit_steps", "stall_timeout", "lr_schedule", "export",
                  "throughput_warmup_steps", "throughput_window_steps", "timeline_steps",

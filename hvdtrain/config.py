@@ -31,6 +31,11 @@ class TrainConfig:
     compression: str = "none"       # of the gradients on the wire
     backward_passes_per_step: int = 1   # local gradient accumulation between allreduces
     sparse_as_dense: bool = False   # reduce embedding gradients densely instead of allgathering
+    # 0: each gradient's allreduce starts as soon as backprop makes it, and
+    # Horovod fuses those ready together (overlap: best on GPUs). N: N groups,
+    # each negotiated and fused as one, started when the whole group is ready
+    # (fewer collectives, which pays where communication shares the CPU).
+    allreduce_groups: int = 0
     model_dir: str | None = None    # None: runs/<recipe>
     resume: bool = False            # go on from the newest intact checkpoint in model_dir
     checkpoint_epochs: int = 1      # a checkpoint every this many epochs (0: only after the last)
@@ -71,7 +76,7 @@ class TrainConfig:
                 raise UsageError(f"--{name} must be positive, got {getattr(self, name)}")
         for name in ("warmup_epochs", "intra_op_threads", "inter_op_threads",
                      "checkpoint_epochs", "checkpoint_steps", "stall_timeout",
-                     "throughput_warmup_steps", "keep_checkpoints"):
+                     "throughput_warmup_steps", "keep_checkpoints", "allreduce_groups"):
             if getattr(self, name) < 0:
                 raise UsageError(f"--{name} must be >= 0, got {getattr(self, name)}")
         for name, allowed in (("optimizer", OPTIMIZERS), ("precision", PRECISIONS),

@@ -54,6 +54,7 @@ def train(config):
     optimizer = DistributedOptimizer(
         _optimizer(config, config.learning_rate * hvd.size()),
         compression=COMPRESSIONS[config.compression], sparse_as_dense=config.sparse_as_dense,
+        groups=config.allreduce_groups or None,
         backward_passes_per_step=config.backward_passes_per_step,
         average_aggregated_gradients=True)
     # A Metric class is made here: made at import, its variables would start

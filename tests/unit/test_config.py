@@ -24,6 +24,7 @@ def test_override_rejects_unknown_settings():
     (dict(momentum=1.0), "--momentum must be in [0, 1)"),
     (dict(verbose=3), "--verbose must be 0, 1 or 2"),
     (dict(keep_checkpoints=-1), "--keep_checkpoints must be >= 0"),
+    (dict(allreduce_groups=-1), "--allreduce_groups must be >= 0"),
     (dict(lr_schedule="linear"), "unknown --lr_schedule=linear; choose one of constant, cosine, step"),
     (dict(throughput_window_steps=0), "--throughput_window_steps must be positive"),
     (dict(timeline_steps="20"), "--timeline_steps=20 is not FIRST:LAST with 1 <= FIRST <= LAST"),
