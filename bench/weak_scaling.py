@@ -50,8 +50,10 @@ flags.DEFINE_integer("batch_size", 32, "Examples per worker and step, for both m
 flags.DEFINE_integer("image_size", 32, "Height and width of the CNN's images.")
 flags.DEFINE_integer("mlp_width", 2048, "Width of the MLP's two hidden layers.")
 flags.DEFINE_integer("warmup_steps", 3, "Steps left out at the start of each model's fit.")
-flags.DEFINE_integer("window_steps", 5, "Steps per timed window.")
-flags.DEFINE_integer("windows", 6, "Timed windows per model and run.")
+flags.DEFINE_integer("window_steps", 10, "Steps per timed window.")
+flags.DEFINE_integer("windows", 8, "Timed windows per model and run.")
+flags.DEFINE_integer("allreduce_groups", 0, "As hvdtrain train's flag: 0, each gradient's "
+                     "allreduce starts when it is computed; N, the gradients in N groups.")
 flags.DEFINE_integer("allreduce_rounds", 10, "Rounds timing the allreduce of the gradient bytes.")
 flags.DEFINE_string("output", "runs/bench/weak_scaling.json", "The JSON; the PNG goes beside it.")
 flags.DEFINE_bool("worker", False, "Internal: run as one Horovod worker.")
@@ -109,7 +111,8 @@ def work():
     results, shapes = {"workers": hvdtrain.size()}, {}
     for name, (model, shape) in models().items():
         optimizer = keras.optimizers.SGD(0.01)
-        model.compile(optimizer=hvdtrain.DistributedOptimizer(optimizer) if FLAGS.exchange
+        model.compile(optimizer=hvdtrain.DistributedOptimizer(
+            optimizer, groups=FLAGS.allreduce_groups or None) if FLAGS.exchange
                       else optimizer,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       jit_compile=False)
@@ -175,7 +178,8 @@ def launch():
             np, exchange = RUNS[name]
             runs[name] = horovod_workers.run(
                 __file__, output.with_suffix(f".{name}.json"), np=np, controller=FLAGS.controller,
-                exchange=exchange, batch_size=FLAGS.batch_size, image_size=FLAGS.image_size,
+                exchange=exchange, allreduce_groups=FLAGS.allreduce_groups,
+                batch_size=FLAGS.batch_size, image_size=FLAGS.image_size,
                 mlp_width=FLAGS.mlp_width, warmup_steps=FLAGS.warmup_steps,
                 window_steps=FLAGS.window_steps, windows=FLAGS.windows,
                 allreduce_rounds=FLAGS.allreduce_rounds)
@@ -194,7 +198,8 @@ def summarize(rounds):
     def paired(ratio, model):
         return statistics.median(ratio(*(r[run][model] for run in RUNS)) for r in rounds)
 
-    results = {"controller": FLAGS.controller, "batch_per_worker": FLAGS.batch_size,
+    results = {"controller": FLAGS.controller, "allreduce_groups": FLAGS.allreduce_groups,
+               "batch_per_worker": FLAGS.batch_size,
                "rounds": rounds}
     for model in ("cnn", "mlp"):
         results[model] = {
@@ -231,7 +236,8 @@ def summarize(rounds):
 
 def report(results, output):
     print(f"weak scaling np=1 -> np=2, {results['controller']}, batch {results['batch_per_worker']}"
-          f" per worker, 1 intra-op and 1 inter-op thread per process (medians of "
+          f" per worker, allreduce groups {results['allreduce_groups'] or 'none'}, 1 intra-op and"
+          f" 1 inter-op thread per process (medians of "
           f"{FLAGS.rounds} rounds; alone: np=2 with no gradient exchange)")
     print(f"{'model':<6}{'params':>10}{'np=1 ex/s':>11}{'np=2 ex/s':>11}{'alone ex/s':>12}"
           f"{'np=1 step':>11}{'np=2 step':>11}{'efficiency':>12}{'ceiling':>9}"
