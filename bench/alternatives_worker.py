@@ -6,8 +6,8 @@ timing, trained with `model.fit` by one of the contenders:
   horovod_keras2   tf.keras 2 (TensorFlow 2.15), horovod.tensorflow.keras (under horovodrun)
 
 It also runs in the Keras 2 environment, so it imports only TensorFlow,
-Keras, Horovod, NumPy and absl at the top, and only APIs that Keras 2.15 and
-Keras 3 share. Each rank writes its window rates, the CPU time its process
+Keras, Horovod, NumPy, absl and bench/small_cnn.py at the top, and only APIs
+that Keras 2.15 and Keras 3 share. Each rank writes its window rates, the CPU time its process
 (all threads) spent per step in them, and a checksum of its final weights to
 `<output>.rank<N>.json`.
 """
@@ -20,6 +20,8 @@ import keras  # Keras 3, or tf.keras 2.15 in the Keras 2 environment
 import numpy as np
 import tensorflow as tf
 from absl import app, flags
+
+from small_cnn import small_cnn
 
 flags.DEFINE_enum("mode", None, ["hvdtrain", "mwms", "horovod_keras2"], "The contender.")
 flags.DEFINE_integer("batch_size", 64, "Examples per worker and step.")
@@ -70,15 +72,8 @@ class WindowTimer(keras.callbacks.Callback):
 
 
 def build_model():
-    layers = keras.layers
     keras.utils.set_random_seed(0)
-    return keras.Sequential([
-        keras.Input((32, 32, 3)),
-        layers.Conv2D(32, 3, padding="same", activation="relu"),
-        layers.Conv2D(32, 3, padding="same", activation="relu"), layers.MaxPooling2D(),
-        layers.Conv2D(64, 3, padding="same", activation="relu"),
-        layers.Conv2D(64, 3, padding="same", activation="relu"), layers.MaxPooling2D(),
-        layers.Flatten(), layers.Dense(128, activation="relu"), layers.Dense(10)])
+    return small_cnn()
 
 
 def dataset(batch_size):

@@ -60,6 +60,7 @@ def work():
 
     import hvdtrain
     from hvdtrain import data, recipe, runtime
+    from small_cnn import small_cnn
 
     hvdtrain.init()
 
@@ -68,16 +69,6 @@ def work():
         image = tf.image.resize_with_crop_or_pad(image, 36, 36)
         image = tf.image.stateless_random_crop(image, (32, 32, 3), seed)
         return tf.cast(image, tf.float32) / 255.0, label
-
-    def small_cnn():
-        layers = keras.layers
-        return keras.Sequential([
-            keras.Input((32, 32, 3)),
-            layers.Conv2D(32, 3, padding="same", activation="relu"),
-            layers.Conv2D(32, 3, padding="same", activation="relu"), layers.MaxPooling2D(),
-            layers.Conv2D(64, 3, padding="same", activation="relu"),
-            layers.Conv2D(64, 3, padding="same", activation="relu"), layers.MaxPooling2D(),
-            layers.Flatten(), layers.Dense(128, activation="relu"), layers.Dense(10)])
 
     digits = recipe.get("digits_cnn")
     config = recipe.make_config("digits_cnn", data_dir=f"{FLAGS.images}/../tfds")
