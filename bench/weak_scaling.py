@@ -111,17 +111,19 @@ def work():
     results, shapes = {"workers": hvdtrain.size()}, {}
     for name, (model, shape) in models().items():
         optimizer = keras.optimizers.SGD(0.01)
-        model.compile(optimizer=hvdtrain.DistributedOptimizer(
-            optimizer, groups=FLAGS.allreduce_groups or None) if FLAGS.exchange
-                      else optimizer,
+        meter = throughput.Throughput(FLAGS.batch_size, FLAGS.warmup_steps, FLAGS.window_steps)
+        cpu = cpu_clock(FLAGS.warmup_steps, steps)
+        fit_callbacks = [meter, cpu]
+        if FLAGS.exchange:
+            optimizer = hvdtrain.DistributedOptimizer(
+                optimizer, groups=FLAGS.allreduce_groups or None)
+            fit_callbacks.append(callbacks.BroadcastGlobalVariablesCallback(0))
+        model.compile(optimizer=optimizer,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       jit_compile=False)
         train = data.synthetic(shape, 10, FLAGS.batch_size, steps, seed=hvdtrain.rank())
-        meter = throughput.Throughput(FLAGS.batch_size, FLAGS.warmup_steps, FLAGS.window_steps)
-        cpu = cpu_clock(FLAGS.warmup_steps, steps)
-        model.fit(train.for_epochs(1), steps_per_epoch=steps, verbose=0,
-                  callbacks=[meter, cpu] + (
-                      [callbacks.BroadcastGlobalVariablesCallback(0)] if FLAGS.exchange else []))
+        model.fit(train.for_epochs(1), steps_per_epoch=steps, verbose=0, callbacks=fit_callbacks)
+        shapes[name] = [tuple(v.shape) for v in model.trainable_variables]
         measurement = meter.measurement()
         results[name] = {
             "examples_per_second": measurement.total.mean,
@@ -132,8 +134,7 @@ def work():
             # How much of a core the process had (other jobs take the rest).
             "core_share": cpu.cpu_seconds / cpu.wall_seconds,
             "parameters": model.count_params(),
-            "gradient_bytes": 4 * sum(math.prod(v.shape) for v in model.trainable_variables)}
-        shapes[name] = [tuple(v.shape) for v in model.trainable_variables]
+            "gradient_bytes": 4 * sum(math.prod(dims) for dims in shapes[name])}
     if hvdtrain.size() > 1 and FLAGS.exchange:
         results["mlp"]["allreduce_ms"] = grouped_allreduce_ms(shapes["mlp"], FLAGS.allreduce_rounds)
     if hvdtrain.is_main_process():
