@@ -1,11 +1,14 @@
 # `make demo` and `make test` each do the whole set-up first (idempotent:
 # seconds once done), so both work on a fresh machine.
 VENV ?= .venv
+# The GPU flavour's own environment for `make test-gpu` (kept outside the
+# checkout, so that a new clone reuses it and its Horovod build).
+GPU_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/hvdtrain/venv-gpu
 NP ?= 2
 MODEL_DIR ?= runs/demo
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test setup-gpu test-gpu bench clean
 
 setup:
 	HVDTRAIN_VENV=$(VENV) bash scripts/install.sh
@@ -18,7 +21,16 @@ demo: setup
 		hvdtrain train --recipe=digits_cnn --model_dir="$(MODEL_DIR)"
 
 test: setup
-	python -m pytest tests
+	python -m pytest tests --ignore=tests/gpu_flavour
+
+# The GPU flavour (Horovod with NCCL, tensorflow[and-cuda]) built as on a GPU
+# node, and tested on the CPU: its build, the default recipe under Gloo and
+# MPI, the doctor and bench/gpu_check.py at a tiny size.
+setup-gpu:
+	HVDTRAIN_GPU=1 HVDTRAIN_VENV=$(GPU_VENV) bash scripts/install.sh
+
+test-gpu: setup-gpu
+	PATH=$(GPU_VENV)/bin:$$PATH $(GPU_VENV)/bin/python -m pytest tests/gpu_flavour
 
 # bench/alternatives.py also measures Horovod on tf.keras 2, from a virtualenv of
 # its own that bench/keras2_env.sh builds (minutes the first time, seconds after):

@@ -49,5 +49,5 @@ if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
   echo "$stamp" >"$stamp_file"
 fi
 
-check_horovod_loads "$venv" "$stamp_file"
+check_horovod_loads "$venv" "$stamp_file" MPI Gloo
 say "ok: Horovod $hvd_version with TensorFlow $tf_version (Keras 2), MPI and Gloo in $venv"

@@ -4,6 +4,11 @@
 memory growth) and sizes TensorFlow's thread pools so that the processes on a
 host share its cores instead of oversubscribing them. It must run before any
 TensorFlow op: device and thread settings are frozen once the runtime starts.
+
+GPUs are the ones TensorFlow sees, so a CUDA_VISIBLE_DEVICES set by the
+scheduler (Slurm's --gpus-per-task, Kubernetes' device plugin) is respected:
+a process that sees one GPU uses it, one that sees a GPU per local process
+takes its local rank's.
 """
 
 import contextlib
@@ -54,12 +59,18 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
             raise UsageError(f"horovodrun already records a timeline to {recording} for the "
                              "whole run; drop --timeline_steps or horovodrun's --timeline-filename")
     hvd.init(comm=comm, process_sets=process_sets)
-    _pin_gpu()
+    gpu = pin_gpu()
     _set_threads(intra_op_threads or default_intra_op_threads(), inter_op_threads)
     if precision is not None:
         # Layers take the policy when they are created: set it before any model.
         keras.mixed_precision.set_global_policy(precision)
     set_log_verbosity()
+    if gpu is not None:
+        details = tf.config.experimental.get_device_details(gpu)
+        warning = precision_warning(keras.mixed_precision.global_policy().name,
+                                    details.get("compute_capability"), details.get("device_name"))
+        if warning and is_main_process():
+            logging.warning(warning)
 
 
 def set_log_verbosity():
@@ -100,13 +111,41 @@ def barrier():
     hvd.allreduce(tf.constant(0), name="hvdtrain.barrier")
 
 
-def _pin_gpu():
+def pin_gpu():
+    """Makes one GPU this process's only one, growing its memory as needed
+    (TensorFlow would take all of it at start); returns it, or None."""
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
-        return
-    for gpu in gpus:
-        tf.config.experimental.set_memory_growth(gpu, True)
-    tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
+        return None
+    gpu = gpus[gpu_index(len(gpus), hvd.local_rank(), hvd.local_size(),
+                         os.environ.get("CUDA_VISIBLE_DEVICES"))]
+    tf.config.experimental.set_memory_growth(gpu, True)
+    tf.config.set_visible_devices(gpu, "GPU")
+    return gpu
+
+
+def gpu_index(visible, local_rank, local_size, cuda_visible_devices):
+    """Which of the `visible` GPUs this process trains on: one process per
+    GPU, as NCCL requires (two ranks on one GPU fail in NCCL's set-up)."""
+    if visible == 1 and (local_size == 1 or cuda_visible_devices):
+        return 0   # the scheduler gave each process its own GPU
+    if visible >= local_size:
+        return local_rank
+    raise UsageError(
+        f"{local_size} processes on this host share {visible} GPU{'s' * (visible > 1)}: "
+        "start one process per GPU (horovodrun -np/-H slots, Slurm --ntasks-per-node), "
+        "or give each process its own with CUDA_VISIBLE_DEVICES")
+
+
+def precision_warning(policy, compute_capability, device_name):
+    """Why `policy` will be slow on a GPU of `compute_capability` (major,
+    minor), or None: float16 needs tensor cores (7.0), bfloat16 Ampere's (8.0)."""
+    needs = {"mixed_float16": (7, 0), "mixed_bfloat16": (8, 0)}.get(policy)
+    if needs is None or compute_capability is None or tuple(compute_capability) >= needs:
+        return None
+    have = ".".join(map(str, compute_capability))
+    return (f"{policy} on {device_name or 'this GPU'} (compute capability {have}) has no "
+            f"tensor-core speed-up (it needs {needs[0]}.{needs[1]}): float32 may be as fast")
 
 
 def _set_threads(intra, inter):

@@ -16,7 +16,8 @@ new_venv() {
 
 # build_horovod_wheel VENV VERSION WHEELS [NAME=VALUE...]: unless WHEELS holds a
 # wheel already, builds horovod==VERSION with MPI and Gloo against VENV's
-# TensorFlow into WHEELS, the extra build settings (e.g.
+# TensorFlow into WHEELS, from its PyPI source with the fixes of
+# horovod_source_fixes.py, the extra build settings (e.g.
 # HOROVOD_GPU_OPERATIONS=NCCL) in the environment.
 build_horovod_wheel() {
   local venv=$1 version=$2 wheels=$3 build
@@ -24,19 +25,27 @@ build_horovod_wheel() {
   ls "$wheels"/horovod-*.whl >/dev/null 2>&1 && return
   say "building horovod==$version against the TensorFlow in $venv (takes a few minutes)"
   build=$(mktemp -d)
+  # --no-cache-dir: pip's own wheel cache would hand back a Horovod built from
+  # the same source archive against another TensorFlow.
+  "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+      --no-cache-dir -d "$build" "horovod==$version" >"$build/log" 2>&1 \
+    && mkdir "$build/src" && tar -xzf "$build"/horovod-*.tar.gz -C "$build/src" --strip-components=1 \
+    || { tail -n 20 "$build/log" >&2; rm -rf "$build"; die "could not fetch Horovod $version's source from PyPI (log above)"; }
+  local fixed
+  fixed=$("$venv/bin/python" "$(dirname "${BASH_SOURCE[0]}")/horovod_source_fixes.py" "$build/src" 2>&1) \
+    || { rm -rf "$build"; die "$fixed"; }
+  say "fixed in Horovod's source: $fixed"
   # TensorFlow >= 2.19 moved xla_builder.h; Horovod 0.28.1 includes the old
   # path. An older TensorFlow's own header comes first (its -I precedes CPATH).
   mkdir -p "$build/include/tensorflow/compiler/xla/client"
   echo '#include "xla/hlo/builder/xla_builder.h"' \
     >"$build/include/tensorflow/compiler/xla/client/xla_builder.h"
-  # --no-cache-dir: pip's own wheel cache would hand back a Horovod built from
-  # the same source archive against another TensorFlow.
   if ! env "$@" PATH="$venv/bin:$PATH" CPATH="$build/include${CPATH:+:$CPATH}" \
       HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
       HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
       CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
       "$venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-build-isolation \
-        --no-deps --no-cache-dir -w "$build/wheel" "horovod==$version" >"$build/log" 2>&1; then
+        --no-deps --no-cache-dir -w "$build/wheel" "$build/src" >"$build/log" 2>&1; then
     tail -n 40 "$build/log" >&2
     rm -rf "$build"
     die "building Horovod failed (log above)"
@@ -60,10 +69,20 @@ check_horovod_build() {
   done
 }
 
-# check_horovod_loads VENV STAMP_FILE: every run, in seconds: horovod.tensorflow
-# loads with both controllers; if not, the stamp goes, so the next run reinstalls.
+# check_horovod_loads VENV STAMP_FILE OPERATIONS...: every run, in seconds:
+# horovod.tensorflow loads and initialises, built with each of OPERATIONS (MPI,
+# Gloo, NCCL: nccl_built() is NCCL's version code, e.g. 23203); if not, the
+# stamp goes, so the next run reinstalls.
 check_horovod_loads() {
-  "$1/bin/python" -c 'import sys, horovod.tensorflow as hvd
-sys.exit(not (hvd.mpi_built() and hvd.gloo_built()))' 2>/dev/null \
-    || { rm -f "$2"; die "horovod.tensorflow does not load with MPI and Gloo; run this script again"; }
+  local venv=$1 stamp_file=$2 log missing
+  shift 2
+  log=$(mktemp)
+  if ! missing=$("$venv/bin/python" -c 'import sys, horovod.tensorflow as hvd
+hvd.init()
+built = {"MPI": hvd.mpi_built(), "Gloo": hvd.gloo_built(), "NCCL": hvd.nccl_built()}
+print(" ".join(name for name in sys.argv[1:] if not built[name]))' "$@" 2>"$log") || [ -n "$missing" ]; then
+    tail -n 5 "$log" >&2; rm -f "$log" "$stamp_file"
+    die "horovod.tensorflow does not initialise with $*${missing:+ (missing: $missing)}; run this script again"
+  fi
+  rm -f "$log"
 }

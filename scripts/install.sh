@@ -4,14 +4,17 @@
 # TensorFlow's wheel includes but does not ship, a virtualenv with the
 # pinned Python packages, and Horovod built from its PyPI source against the
 # installed TensorFlow (the wheel is cached outside the checkout, keyed by the
-# Horovod, TensorFlow and Python versions). An install ends with
-# `horovodrun --check-build`; a run with nothing to install takes seconds.
+# Horovod, TensorFlow and Python versions, and for GPUs the CUDA compiler).
+# An install ends with `horovodrun --check-build` and an import of hvdtrain;
+# a run with nothing to install takes seconds.
 #
 # Environment:
-#   HVDTRAIN_VENV    the virtualenv to create or update (default: <repo>/.venv)
-#   HVDTRAIN_CACHE   where built Horovod wheels are kept (default: ~/.cache/hvdtrain)
-#   HVDTRAIN_GPU=1   install `tensorflow` and build Horovod with NCCL operations
-#   PYTHON           the interpreter for a new virtualenv (default: python3.11 or python3)
+#   HVDTRAIN_VENV       the virtualenv to create or update (default: <repo>/.venv)
+#   HVDTRAIN_CACHE      where built Horovod wheels are kept (default: ~/.cache/hvdtrain)
+#   HVDTRAIN_GPU=1      install `tensorflow[and-cuda]` and build Horovod with NCCL
+#                       operations (works without a GPU; see scripts/cuda_toolchain.sh)
+#   HVDTRAIN_CUDA_HOME  the CUDA toolkit for that build, or `pypi` (cuda_toolchain.sh)
+#   PYTHON              the interpreter for a new virtualenv (default: python3.11 or python3)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -51,20 +54,39 @@ tf_pkg=tensorflow-cpu; [ "$gpu" = 1 ] && tf_pkg=tensorflow
 tf_version=$(pinned "$tf_pkg")
 hvd_version=$(pinned horovod)
 py_tag=$("$py" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
-flavour=cpu; [ "$gpu" = 1 ] && flavour=nccl
+flavour=cpu; [ "$gpu" = 1 ] && flavour=nccl-${HVDTRAIN_CUDA_HOME:-auto}
 
 # A stamp of everything that decides the environment: when it matches, nothing
 # is reinstalled and a second run takes seconds.
 stamp_file=$venv/.hvdtrain-install
-stamp=$(cat "$constraints" "$repo/pyproject.toml" "${BASH_SOURCE[0]}" "$repo/scripts/horovod_wheel.sh" \
-  | sha256sum | cut -c1-16)-$flavour
+# (The checkout's path too: hvdtrain is installed from it in editable mode.)
+stamp=$( (cat "$constraints" "$repo/pyproject.toml" "${BASH_SOURCE[0]}" "$repo"/scripts/horovod_* \
+  "$repo/scripts/cuda_toolchain.sh"; echo "$repo") | sha256sum | cut -c1-16)-$flavour
 if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
-  say "pip install $tf_pkg==$tf_version and hvdtrain's dependencies"
+  tf_req=$tf_pkg; [ "$gpu" = 1 ] && tf_req="tensorflow[and-cuda]"
+  say "pip install $tf_req==$tf_version and hvdtrain's dependencies"
   "${pip[@]}" --upgrade pip wheel setuptools >/dev/null
-  "${pip[@]}" "$tf_pkg" cmake
-  wheels=$cache/wheels/horovod-$hvd_version-$tf_pkg-$tf_version-$py_tag-$flavour
-  gpu_env=(); [ "$gpu" = 1 ] && gpu_env=(HOROVOD_GPU_OPERATIONS=NCCL)
-  build_horovod_wheel "$venv" "$hvd_version" "$wheels" "${gpu_env[@]}"
+  "${pip[@]}" "$tf_req" cmake
+  wheels=$cache/wheels/horovod-$hvd_version-$tf_pkg-$tf_version-$py_tag-cpu
+  build_env=()
+  if [ "$gpu" = 1 ]; then
+    # The kernels' CUDA compiler and TensorFlow's NCCL decide the GPU wheel.
+    source "$repo/scripts/cuda_toolchain.sh"
+    cuda=$(cuda_toolkit "$py" "$cache")
+    cuda_v=$(cuda_version "$cuda")
+    nccl=$(pinned nvidia-nccl-cu12)
+    archs=${HOROVOD_BUILD_CUDA_CC_LIST:-$(cuda_architectures "$cuda")}
+    wheels=${wheels%-cpu}-nccl$nccl-cuda$cuda_v-sm${archs//,/-}
+    mapfile -t build_env < <(nccl_build_env "$venv" "$venv/.hvdtrain-nccl")
+    build_env+=(HOROVOD_GPU_OPERATIONS=NCCL "HOROVOD_CUDA_HOME=$cuda" "HOROVOD_BUILD_CUDA_CC_LIST=$archs")
+    say "GPU build: CUDA compiler $cuda_v at $cuda for compute capabilities $archs, NCCL $nccl from TensorFlow's packages"
+    # For `hvdtrain doctor`: the device code decides the driver it needs
+    # (CUDA 12: 525 or later; CUDA 13: 580 or later).
+    driver=525; [ "${cuda_v%%.*}" -ge 13 ] && driver=580
+    printf '{"cuda_compiler": "%s", "cuda_architectures": "%s", "nccl": "%s", "driver": %s}\n' \
+      "$cuda_v" "$archs" "$nccl" "$driver" >"$venv/horovod-build.json"
+  fi
+  build_horovod_wheel "$venv" "$hvd_version" "$wheels" "${build_env[@]}"
   say "installing the Horovod wheel from $wheels"
   "${pip[@]}" --no-deps --force-reinstall "$wheels"/horovod-*.whl
   "${pip[@]}" -e "$repo[test]"
@@ -73,5 +95,8 @@ if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
   echo "$stamp" >"$stamp_file"
 fi
 
-check_horovod_loads "$venv" "$stamp_file"
-say "ok: Horovod $hvd_version with TensorFlow $tf_version, MPI and Gloo in $venv"
+ops=(MPI Gloo); [ "$gpu" = 1 ] && ops+=(NCCL)
+check_horovod_loads "$venv" "$stamp_file" "${ops[@]}"
+"$py" -c 'import hvdtrain' || { rm -f "$stamp_file"; die "hvdtrain does not import in $venv (error above); run this script again"; }
+listed="MPI and Gloo"; [ "$gpu" = 1 ] && listed="NCCL, MPI and Gloo"
+say "ok: Horovod $hvd_version with TensorFlow $tf_version, $listed operations, in $venv"

@@ -10,8 +10,9 @@ def test_doctor_reports_versions_build_config_and_a_correct_allreduce():
     result = run(["hvdtrain", "doctor"], timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     report = result.stdout
-    for section in ("versions", "Horovod build", "devices", "threads", "horovodrun config",
-                    "allreduce self-test, 2 local processes"):
+    for section in ("versions", "Horovod build", "devices", "GPU stack", "threads",
+                    "horovodrun config", "allreduce self-test, 2 local processes",
+                    "NCCL self-test, one process per GPU"):
         assert re.search(rf"^{section}$", report, re.MULTILINE), report
     assert re.search(r"^  TensorFlow +2\.21\.0$", report, re.MULTILINE)
     assert re.search(r"^  Horovod +0\.28\.1$", report, re.MULTILINE)
@@ -19,6 +20,12 @@ def test_doctor_reports_versions_build_config_and_a_correct_allreduce():
     assert re.search(r"^  CPU:0 +\S", report, re.MULTILINE)
     assert re.search(r"^  file +\S*horovodrun\.cfg \(valid\)$", report, re.MULTILINE)
     assert re.search(r"^  fusion_threshold_mb +64$", report, re.MULTILINE)
+    # The CPU flavour on a machine without a GPU (the GPU flavour's report:
+    # tests/gpu_flavour).
+    assert re.search(r"^  NVIDIA driver +none on this machine$", report, re.MULTILINE)
+    assert re.search(r"^  TensorFlow built for +no CUDA \(a CPU build", report, re.MULTILINE)
+    assert re.search(r"^  NCCL operations +not built", report, re.MULTILINE)
+    assert re.search(r"^  NCCL +skipped: Horovod has no NCCL operations$", report, re.MULTILINE)
     for controller in ("Gloo", "MPI"):
         line = re.search(rf"^  {controller} +correct; 64 MiB in [\d.]+ ms: "
                          r"bus bandwidth ([\d.]+) GB/s$", report, re.MULTILINE)

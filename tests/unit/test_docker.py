@@ -36,7 +36,7 @@ def test_the_images_install_with_the_script_ci_runs():
     dockerfile = (DOCKER / "Dockerfile").read_text()
     runs = " ".join(re.findall(r"^RUN ((?:.*\\\n)*.*)", dockerfile, re.MULTILINE))
     assert "bash scripts/install.sh" in runs and "HVDTRAIN_GPU=${GPU}" in runs
-    assert (REPO / ".ci" / "run").read_text().count("make test") == 1
+    assert re.findall(r"^make test$", (REPO / ".ci" / "run").read_text(), re.MULTILINE) == ["make test"]
     assert "make test" in (REPO / "README.md").read_text()
     # install.sh ends with horovodrun --check-build and requires NCCL for GPU builds.
     install = (REPO / "scripts" / "install.sh").read_text()
@@ -46,11 +46,38 @@ def test_the_images_install_with_the_script_ci_runs():
     assert "PasswordAuthentication no" in dockerfile and "ssh-keygen" not in dockerfile
 
 
+def test_the_gpu_image_builds_the_gpu_flavour_as_ci_does():
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    build = re.search(r"^#   docker build (?:.*\\\n#)*.*-t hvdtrain:gpu(?:.*\\\n#)*.*$", dockerfile,
+                      re.MULTILINE).group(0)
+    arguments = dict(re.findall(r"--build-arg (\w+)=(\S+)", build))
+    assert arguments["GPU"] == "1"
+    # A CUDA 12 devel base (nvcc for the kernels) on Ubuntu 22.04, whose CUDA
+    # is no newer than the CUDA 12 runtime tensorflow[and-cuda] brings.
+    base = re.fullmatch(r"nvidia/cuda:(12)\.(\d+)\.\d+-devel-ubuntu22\.04", arguments["BASE"])
+    assert base, arguments["BASE"]
+    pins = (REPO / "constraints.txt").read_text()
+    runtime = re.search(r"^nvidia-cuda-runtime-cu12==12\.(\d+)\.", pins, re.MULTILINE)
+    assert int(base.group(2)) <= int(runtime.group(1))
+    # The image installs with the GPU flag passed through, as `make setup-gpu` does.
+    assert re.search(r"^ARG GPU=0$", dockerfile, re.MULTILINE)
+    install = re.search(r"^RUN (HVDTRAIN_GPU=\$\{GPU\} .*bash scripts/install\.sh)", dockerfile,
+                        re.MULTILINE)
+    assert install, dockerfile
+    makefile = (REPO / "Makefile").read_text()
+    assert re.search(r"^setup-gpu:\n\tHVDTRAIN_GPU=1 HVDTRAIN_VENV=\S+ bash scripts/install\.sh$",
+                     makefile, re.MULTILINE)
+    assert "HVDTRAIN_CUDA_HOME=pypi make test-gpu" in (REPO / ".ci" / "run").read_text()
+
+
 def test_the_mpijob_parses_and_launches_a_valid_command():
     job = yaml.safe_load((DOCKER / "mpijob.yaml").read_text())
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v2beta1", "MPIJob")
     specs = job["spec"]["mpiReplicaSpecs"]
-    command = specs["Launcher"]["template"]["spec"]["containers"][0]["command"]
+    launcher = specs["Launcher"]["template"]["spec"]["containers"][0]
+    command = launcher["command"]
+    # NCCL's settings on the launcher, whose environment horovodrun forwards.
+    assert {e["name"]: e["value"] for e in launcher["env"]}["NCCL_SOCKET_IFNAME"] == "eth0"
     options = _horovodrun_options(command)
     assert command[0] == "horovodrun"
     assert options["--config-file"] == "/hvdtrain/horovodrun.cfg"   # the image's copy
@@ -67,6 +94,9 @@ def test_the_slurm_script_is_valid_bash_and_launches_a_valid_command():
     text = script.read_text()
     directives = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", text, re.MULTILINE))
     assert directives["ntasks-per-node"] == directives["gpus-per-node"]   # a process per GPU
+    exports = dict(re.findall(r"^export (NCCL_\w+)=(\S+)", text, re.MULTILINE))
+    assert exports["NCCL_SOCKET_IFNAME"] == "${NCCL_SOCKET_IFNAME:-^lo,docker}"
+    assert text.index("export NCCL_SOCKET_IFNAME") < text.index("\nhorovodrun ")
     launch = re.search(r"^horovodrun (?:.*\\\n)*.*", text, re.MULTILINE).group(0)
     command = shlex.split(launch.replace("\\\n", " "))
     options = _horovodrun_options(command)

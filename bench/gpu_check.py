@@ -1,0 +1,119 @@
+"""The first run on a GPU node: is hvdtrain's GPU flavour working here, and
+how fast is it? One command, one JSON file, under 10 minutes on one H200:
+
+    HVDTRAIN_GPU=1 scripts/install.sh && source .venv/bin/activate
+    python bench/gpu_check.py                 # -> runs/bench/gpu_check.json
+    python bench/gpu_check.py --tiny          # any CPU, in a few minutes (CI)
+
+It runs, in order:
+  1. `hvdtrain doctor`: versions, the GPU stack (driver, CUDA, cuDNN, NCCL at
+     build and run time) and the allreduce self-tests, NCCL's among them;
+  2. bench/gpu_resnet50.py: ResNet-50 at float32, mixed_float16 and
+     mixed_bfloat16, hvdtrain against plain Keras on one GPU;
+  3. the demo (`make demo`'s job) at np = the GPUs of this node.
+Each step's verdict is in the JSON; the exit status is 0 only if all passed.
+"""
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+flags.DEFINE_bool("tiny", False, "Sizes for a CPU in minutes (CI), not for a GPU.")
+flags.DEFINE_string("output", "runs/bench/gpu_check.json", "The results file.")
+FLAGS = flags.FLAGS
+
+# gpu_resnet50.py's settings: a full check keeps its GPU sizes with fewer
+# windows (the six runs then take about five minutes on one H200).
+RESNET_FULL = ["--windows=6"]
+RESNET_TINY = ["--image_size=32", "--num_classes=10", "--batch_size=2", "--warmup_steps=1",
+               "--window_steps=2", "--windows=2", "--precisions=float32,mixed_bfloat16"]
+DEMO_ACCURACY = 0.95   # make demo's bar (tests/parallel/test_demo.py)
+
+
+def check_doctor():
+    from hvdtrain import doctor
+    report = {title: dict(rows) for title, rows in doctor.sections(REPO / "horovodrun.cfg")}
+    self_tests = {**report["allreduce self-test, 2 local processes"],
+                  **report["NCCL self-test, one process per GPU"]}
+    failed = [name for name, verdict in self_tests.items()
+              if not (verdict.startswith("correct") or verdict.startswith("skipped"))]
+    problems = [f"{name} self-test: {self_tests[name]}" for name in failed]
+    stack = report["GPU stack"]
+    if not stack["NCCL operations"].startswith("built"):
+        problems.append(f"NCCL operations {stack['NCCL operations']}")
+    if "problem" in stack:
+        problems.append(stack["problem"])
+    return dict(ok=not problems, problems=problems, report=report)
+
+
+def check_resnet50(output):
+    sizes = RESNET_TINY if FLAGS.tiny else RESNET_FULL
+    result = subprocess.run([sys.executable, REPO / "bench" / "gpu_resnet50.py", *sizes,
+                             f"--output={output}"], cwd=REPO, capture_output=True, text=True,
+                            check=False)
+    if result.returncode != 0:
+        return dict(ok=False, problems=[_last_line(result)])
+    return dict(ok=True, problems=[], **json.loads(pathlib.Path(output).read_text()))
+
+
+def check_demo(workers, model_dir):
+    epochs = ["--epochs=2"] if FLAGS.tiny else []
+    command = ["horovodrun", "--config-file", "horovodrun.cfg", "-np", str(workers),
+               "-H", f"localhost:{workers}", "hvdtrain", "train", "--recipe=digits_cnn",
+               f"--model_dir={model_dir}", *epochs]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+    accuracy = re.search(r"val_accuracy (\d\.\d+)", result.stdout)
+    rate = re.search(r"throughput ([\d.,]+) images/s", result.stdout)
+    found = dict(workers=workers, command=" ".join(command),
+                 val_accuracy=accuracy and float(accuracy.group(1)),
+                 images_per_second=rate and float(rate.group(1).replace(",", "")))
+    problems = []
+    if result.returncode != 0 or accuracy is None:
+        problems.append(_last_line(result))
+    elif not FLAGS.tiny and found["val_accuracy"] < DEMO_ACCURACY:
+        problems.append(f"val_accuracy {found['val_accuracy']} < {DEMO_ACCURACY}")
+    return dict(ok=not problems, problems=problems, **found)
+
+
+def _last_line(result):
+    lines = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()
+    return f"exit {result.returncode}: {lines[-1][:300]}"
+
+
+def main(argv):
+    import tensorflow as tf
+    start = time.perf_counter()
+    gpus = len(tf.config.list_physical_devices("GPU"))
+    results = dict(gpus=gpus, tiny=FLAGS.tiny)
+    with tempfile.TemporaryDirectory() as scratch:
+        steps = [("doctor", check_doctor),
+                 ("resnet50", lambda: check_resnet50(pathlib.Path(scratch) / "resnet50.json")),
+                 # One process per GPU; two on a machine without one.
+                 ("demo", lambda: check_demo(gpus or 2, pathlib.Path(scratch) / "demo"))]
+        for name, step in steps:
+            began = time.perf_counter()
+            results[name] = step()
+            results[name]["seconds"] = round(time.perf_counter() - began, 1)
+            verdict = "ok" if results[name]["ok"] else "FAILED: " + "; ".join(
+                results[name]["problems"])
+            print(f"gpu_check: {name:<9} {verdict} ({results[name]['seconds']:.0f} s)", flush=True)
+    results["seconds"] = round(time.perf_counter() - start, 1)
+    results["ok"] = all(results[name]["ok"] for name, _ in steps)
+    output = REPO / FLAGS.output
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"gpu_check: {'passed' if results['ok'] else 'FAILED'} in {results['seconds']:.0f} s "
+          f"on {gpus} GPU{'s' * (gpus != 1)}; results in {output}")
+    sys.exit(0 if results["ok"] else 1)
+
+
+if __name__ == "__main__":
+    app.run(main)

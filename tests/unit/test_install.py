@@ -1,0 +1,80 @@
+"""scripts/install.sh's GPU pieces that run in seconds: the fixes to
+Horovod's source, and the one-line failures of the CUDA toolchain choice.
+(The whole GPU build is tested by `make test-gpu`.)"""
+
+import importlib.util
+import sys
+
+import pytest
+
+from launch import REPO, run
+
+spec = importlib.util.spec_from_file_location("fixes", REPO / "scripts" / "horovod_source_fixes.py")
+fixes = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fixes)
+
+
+def _released_source(root):
+    """The passages the fixes replace, as Horovod 0.28.1 releases them."""
+    for relative, _, released, _ in fixes.FIXES:
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(path.read_text() + released if path.exists() else
+                        f"// before\n{released}// after\n")
+
+
+def test_the_source_fixes_apply_once_and_then_change_nothing(tmp_path):
+    _released_source(tmp_path)
+    assert fixes.apply(tmp_path) == [name for _, name, _, _ in fixes.FIXES]
+    fixed = {relative: (tmp_path / relative).read_text() for relative, *_ in fixes.FIXES}
+    for relative, _, released, replacement in fixes.FIXES:
+        assert released not in fixed[relative] and replacement in fixed[relative]
+        assert fixed[relative].startswith("// before\n")
+    assert fixes.apply(tmp_path) == []
+    assert fixed == {relative: (tmp_path / relative).read_text() for relative, *_ in fixes.FIXES}
+
+
+def test_a_fix_that_no_longer_matches_stops_the_build_naming_it(tmp_path):
+    _released_source(tmp_path)
+    relative, name, released, _ = fixes.FIXES[1]
+    (tmp_path / relative).write_text("// another Horovod\n")
+    with pytest.raises(SystemExit) as stopped:
+        fixes.apply(tmp_path)
+    assert str(stopped.value) == (f"Horovod source fix '{name}' no longer matches {relative}: "
+                                  "update scripts/horovod_source_fixes.py for this Horovod version")
+
+
+def _toolkit(tmp_path, env):
+    """Runs cuda_toolchain.sh's choice of CUDA compiler as install.sh does."""
+    script = f"""set -euo pipefail
+constraints={REPO}/constraints.txt
+say() {{ printf 'install: %s\\n' "$*"; }}
+die() {{ printf 'install: error: %s\\n' "$*" >&2; exit 1; }}
+pinned() {{ sed -n "s/^$1==\\([^ ]*\\).*/\\1/p" "$constraints"; }}
+source {REPO}/scripts/cuda_toolchain.sh
+cuda_toolkit {sys.executable} {tmp_path / "cache"}
+"""
+    return run(["bash", "-c", script], env=env, timeout=300)
+
+
+def test_a_missing_cuda_toolkit_is_named_in_one_line(tmp_path):
+    result = _toolkit(tmp_path, {"HVDTRAIN_CUDA_HOME": str(tmp_path / "cuda")})
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"install: error: no CUDA compiler at {tmp_path}/cuda/bin/nvcc (HVDTRAIN_CUDA_HOME or "
+        "CUDA_HOME); point HVDTRAIN_CUDA_HOME at a CUDA 12+ toolkit, or set "
+        "HVDTRAIN_CUDA_HOME=pypi for NVIDIA's nvcc from PyPI")
+
+
+def test_a_cuda_compiler_that_cannot_be_fetched_is_named_in_one_line(tmp_path):
+    result = _toolkit(tmp_path, {"HVDTRAIN_CUDA_HOME": "pypi", "PIP_NO_INDEX": "1",
+                                 "PIP_FIND_LINKS": str(tmp_path)})
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("install: error: could not install NVIDIA's CUDA compiler from "
+                               "PyPI (nvidia-cuda-nvcc ")
+    assert lines[0].endswith("install a CUDA 12+ toolkit and set HVDTRAIN_CUDA_HOME to it, "
+                             "or build the GPU image (docker/Dockerfile)")
+    assert not (tmp_path / "cache" / "cuda").exists() or not any(
+        (tmp_path / "cache" / "cuda").iterdir())

@@ -1,0 +1,52 @@
+"""GPU placement and precision rules of hvdtrain.runtime, and the doctor's
+NCCL version decoding: the parts of the GPU code paths that run without a GPU."""
+
+import pytest
+
+from hvdtrain import doctor, runtime
+from hvdtrain.errors import UsageError
+
+
+@pytest.mark.parametrize("visible, local_rank, local_size, cuda_visible_devices, expected", [
+    (8, 3, 8, None, 3),          # a GPU per local process: the local rank's
+    (8, 1, 4, None, 1),          # more GPUs than processes
+    (1, 0, 1, None, 0),          # one process, one GPU
+    (1, 5, 8, "5", 0),           # the scheduler gave each process its own GPU
+    (2, 1, 2, "2,3", 1),         # ... or its node's share of them
+])
+def test_each_process_gets_its_own_gpu(visible, local_rank, local_size, cuda_visible_devices,
+                                       expected):
+    assert runtime.gpu_index(visible, local_rank, local_size, cuda_visible_devices) == expected
+
+
+@pytest.mark.parametrize("visible, local_size, cuda_visible_devices", [
+    (1, 2, None),     # two processes would share the host's only GPU
+    (2, 4, None),
+    (2, 4, "0,1"),
+])
+def test_processes_sharing_a_gpu_are_refused_in_one_line(visible, local_size,
+                                                         cuda_visible_devices):
+    with pytest.raises(UsageError, match=rf"^{local_size} processes on this host share "
+                                         rf"{visible} GPUs?: start one process per GPU"):
+        runtime.gpu_index(visible, 0, local_size, cuda_visible_devices)
+
+
+@pytest.mark.parametrize("policy, capability, slow", [
+    ("mixed_float16", (6, 0), True),
+    ("mixed_float16", (7, 0), False),
+    ("mixed_bfloat16", (7, 5), True),
+    ("mixed_bfloat16", (9, 0), False),
+    ("float32", (6, 0), False),
+    ("mixed_float16", None, False),   # no capability reported: nothing to say
+])
+def test_a_precision_without_tensor_cores_is_named(policy, capability, slow):
+    warning = runtime.precision_warning(policy, capability, "Tesla P100")
+    assert (warning is not None) == slow
+    if slow:
+        assert policy in warning and "Tesla P100" in warning
+
+
+@pytest.mark.parametrize("code, version", [(23203, "2.32.3"), (21805, "2.18.5"),
+                                           (2804, "2.8.4")])
+def test_nccl_version_codes_decode(code, version):
+    assert doctor.nccl_version(code) == version
