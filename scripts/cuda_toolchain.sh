@@ -6,35 +6,38 @@
 #   a directory  that CUDA toolkit (its bin/nvcc and include/), version 12 or later
 #   pypi         NVIDIA's nvcc from PyPI, at the versions constraints.txt pins,
 #                installed once under the cache: for machines without a toolkit
-#   unset        $CUDA_HOME, else the toolkit of the `nvcc` on PATH, else
-#                /usr/local/cuda, else pypi
+#   unset        the first CUDA 12+ toolkit of $CUDA_HOME, the `nvcc` on PATH
+#                and /usr/local/cuda, else pypi
 # The kernels are small (scaling and copying fusion buffers); the host side of
 # Horovod calls the CUDA runtime that TensorFlow's pip packages bring, so the
 # toolkit decides only which driver the device code needs (README, GPUs).
+# The functions print their results on stdout and their progress on stderr.
 
 CUDA_PYPI_PACKAGES=(nvidia-cuda-nvcc nvidia-cuda-crt nvidia-nvvm nvidia-cuda-runtime nvidia-cuda-cccl)
 
 # cuda_toolkit PYTHON CACHE: prints the root of the CUDA toolkit to build with.
 cuda_toolkit() {
-  local python=$1 cache=$2 choice=${HVDTRAIN_CUDA_HOME:-} nvcc
-  if [ -z "$choice" ]; then
-    nvcc=$(command -v nvcc || true)
-    if [ -n "${CUDA_HOME:-}" ]; then choice=$CUDA_HOME
-    elif [ -n "$nvcc" ]; then choice=$(dirname "$(dirname "$(readlink -f "$nvcc")")")
-    elif [ -x /usr/local/cuda/bin/nvcc ]; then choice=/usr/local/cuda
-    else choice=pypi
-    fi
-  fi
-  if [ "$choice" = pypi ]; then
-    cuda_from_pypi "$python" "$cache"
-    return
-  fi
+  local python=$1 cache=$2 nvcc candidate
+  case ${HVDTRAIN_CUDA_HOME:-} in
+    pypi) cuda_from_pypi "$python" "$cache"; return ;;
+    ?*) usable_cuda "$HVDTRAIN_CUDA_HOME" \
+          || die "no CUDA 12+ toolkit at HVDTRAIN_CUDA_HOME=$HVDTRAIN_CUDA_HOME (its bin/nvcc and include/cuda_runtime.h); point it at one, or set HVDTRAIN_CUDA_HOME=pypi for NVIDIA's nvcc from PyPI"
+        echo "$HVDTRAIN_CUDA_HOME"; return ;;
+  esac
+  nvcc=$(command -v nvcc || true)
+  for candidate in "${CUDA_HOME:-}" ${nvcc:+"$(dirname "$(dirname "$(readlink -f "$nvcc")")")"} \
+      /usr/local/cuda; do
+    [ -n "$candidate" ] || continue
+    if usable_cuda "$candidate"; then echo "$candidate"; return; fi
+    say "not using $candidate: no CUDA 12+ toolkit there" >&2
+  done
+  cuda_from_pypi "$python" "$cache"
+}
+
+# usable_cuda ROOT: ROOT holds a CUDA 12+ nvcc and the runtime's headers.
+usable_cuda() {
   local version
-  version=$(cuda_version "$choice") \
-    || die "no CUDA compiler at $choice/bin/nvcc (HVDTRAIN_CUDA_HOME or CUDA_HOME); point HVDTRAIN_CUDA_HOME at a CUDA 12+ toolkit, or set HVDTRAIN_CUDA_HOME=pypi for NVIDIA's nvcc from PyPI"
-  [ "${version%%.*}" -ge 12 ] && [ -f "$choice/include/cuda_runtime.h" ] \
-    || die "the CUDA toolkit at $choice (nvcc $version) is not CUDA 12+ with its headers; point HVDTRAIN_CUDA_HOME at a CUDA 12+ toolkit, or set HVDTRAIN_CUDA_HOME=pypi"
-  echo "$choice"
+  version=$(cuda_version "$1") && [ "${version%%.*}" -ge 12 ] && [ -f "$1/include/cuda_runtime.h" ]
 }
 
 # cuda_version ROOT: the release of ROOT's nvcc (e.g. 13.0.88); fails without one.
@@ -49,7 +52,7 @@ cuda_from_pypi() {
   version=$(pinned nvidia-cuda-nvcc)
   target=$cache/cuda/nvcc-$version
   if [ ! -x "$target/nvidia/cu${version%%.*}/bin/nvcc" ]; then
-    say "installing NVIDIA's CUDA compiler $version from PyPI into $target"
+    say "installing NVIDIA's CUDA compiler $version from PyPI into $target" >&2
     log=$(mktemp)
     rm -rf "$target.tmp"
     if ! "$python" -m pip install -q --disable-pip-version-check --no-deps -c "$constraints" \
@@ -87,10 +90,11 @@ cuda_architectures() {
   (IFS=,; echo "${list[*]}")
 }
 
-# nccl_build_env VENV DIR: prints, one a line, the Horovod build settings that link the NCCL
-# of VENV's TensorFlow (nvidia-nccl-cu12) as a shared library, with DIR for
-# the link-time names the wheel lacks. One NCCL in the process; found at run
-# time through an rpath relative to Horovod's libraries, no LD_LIBRARY_PATH.
+# nccl_build_env VENV DIR: prints, one a line, the Horovod build settings that
+# link the NCCL of VENV's TensorFlow (nvidia-nccl-cu12) as a shared library,
+# with DIR for the link-time names the wheel lacks. One NCCL in the process,
+# found at run time through an rpath relative to Horovod's library, with no
+# LD_LIBRARY_PATH.
 nccl_build_env() {
   local venv=$1 dir=$2 nccl
   nccl=$("$venv/bin/python" -c 'import importlib.util as u

@@ -77,7 +77,8 @@ if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
     nccl=$(pinned nvidia-nccl-cu12)
     archs=${HOROVOD_BUILD_CUDA_CC_LIST:-$(cuda_architectures "$cuda")}
     wheels=${wheels%-cpu}-nccl$nccl-cuda$cuda_v-sm${archs//,/-}
-    mapfile -t build_env < <(nccl_build_env "$venv" "$venv/.hvdtrain-nccl")
+    nccl_env=$(nccl_build_env "$venv" "$venv/.hvdtrain-nccl")
+    mapfile -t build_env <<<"$nccl_env"
     build_env+=(HOROVOD_GPU_OPERATIONS=NCCL "HOROVOD_CUDA_HOME=$cuda" "HOROVOD_BUILD_CUDA_CC_LIST=$archs")
     say "GPU build: CUDA compiler $cuda_v at $cuda for compute capabilities $archs, NCCL $nccl from TensorFlow's packages"
     # For `hvdtrain doctor`: the device code decides the driver it needs

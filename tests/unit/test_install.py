@@ -3,6 +3,7 @@ Horovod's source, and the one-line failures of the CUDA toolchain choice.
 (The whole GPU build is tested by `make test-gpu`.)"""
 
 import importlib.util
+import re
 import sys
 
 import pytest
@@ -59,22 +60,54 @@ cuda_toolkit {sys.executable} {tmp_path / "cache"}
 
 def test_a_missing_cuda_toolkit_is_named_in_one_line(tmp_path):
     result = _toolkit(tmp_path, {"HVDTRAIN_CUDA_HOME": str(tmp_path / "cuda")})
-    assert result.returncode == 1
+    assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.strip() == (
-        f"install: error: no CUDA compiler at {tmp_path}/cuda/bin/nvcc (HVDTRAIN_CUDA_HOME or "
-        "CUDA_HOME); point HVDTRAIN_CUDA_HOME at a CUDA 12+ toolkit, or set "
+        f"install: error: no CUDA 12+ toolkit at HVDTRAIN_CUDA_HOME={tmp_path}/cuda (its "
+        "bin/nvcc and include/cuda_runtime.h); point it at one, or set "
         "HVDTRAIN_CUDA_HOME=pypi for NVIDIA's nvcc from PyPI")
+
+
+def _fake_nvcc(root, release):
+    """A toolkit folder whose nvcc reports `release`, and no headers."""
+    (root / "bin").mkdir(parents=True)
+    nvcc = root / "bin" / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release[:4]}, V{release}'\n")
+    nvcc.chmod(0o755)
+
+
+def test_the_toolkit_search_passes_over_what_is_no_cuda_12_toolkit(tmp_path):
+    # An old CUDA_HOME, and an nvcc on PATH outside a toolkit, are passed over
+    # for the next candidate: /usr/local/cuda where the machine has one, else
+    # NVIDIA's nvcc from PyPI, which cannot be fetched here.
+    _fake_nvcc(tmp_path / "wrapper", "13.0.88")
+    _fake_nvcc(tmp_path / "old", "11.8.89")
+    (tmp_path / "old" / "include").mkdir()
+    (tmp_path / "old" / "include" / "cuda_runtime.h").write_text("")
+    result = _toolkit(tmp_path, {"CUDA_HOME": str(tmp_path / "old"),
+                                 "PATH": f"{tmp_path / 'wrapper' / 'bin'}:/usr/bin:/bin",
+                                 "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(tmp_path)})
+    lines = result.stderr.strip().splitlines()
+    assert lines[0] == f"install: not using {tmp_path / 'old'}: no CUDA 12+ toolkit there"
+    assert lines[1] == f"install: not using {tmp_path / 'wrapper'}: no CUDA 12+ toolkit there"
+    if result.returncode == 0:
+        assert result.stdout == "/usr/local/cuda\n"
+    else:
+        assert result.stdout == ""
+        assert lines[-1].startswith("install: error: could not install NVIDIA's CUDA compiler")
 
 
 def test_a_cuda_compiler_that_cannot_be_fetched_is_named_in_one_line(tmp_path):
     result = _toolkit(tmp_path, {"HVDTRAIN_CUDA_HOME": "pypi", "PIP_NO_INDEX": "1",
                                  "PIP_FIND_LINKS": str(tmp_path)})
-    assert result.returncode == 1
+    assert result.returncode == 1 and result.stdout == ""
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("install: error: could not install NVIDIA's CUDA compiler from "
+    nvcc = re.search(r"^nvidia-cuda-nvcc==(\S+)$", (REPO / "constraints.txt").read_text(),
+                     re.MULTILINE).group(1)
+    assert lines[:-1] == [f"install: installing NVIDIA's CUDA compiler {nvcc} from PyPI into "
+                          f"{tmp_path}/cache/cuda/nvcc-{nvcc}"]
+    assert lines[-1].startswith("install: error: could not install NVIDIA's CUDA compiler from "
                                "PyPI (nvidia-cuda-nvcc ")
-    assert lines[0].endswith("install a CUDA 12+ toolkit and set HVDTRAIN_CUDA_HOME to it, "
+    assert lines[-1].endswith("install a CUDA 12+ toolkit and set HVDTRAIN_CUDA_HOME to it, "
                              "or build the GPU image (docker/Dockerfile)")
     assert not (tmp_path / "cache" / "cuda").exists() or not any(
         (tmp_path / "cache" / "cuda").iterdir())
