@@ -36,7 +36,7 @@ hvd_version=$(pinned horovod)
 py_tag=$("$py" -c 'import sys; print(f"py{sys.version_info[0]}{sys.version_info[1]}")')
 
 stamp_file=$venv/.hvdtrain-keras2-env
-stamp=$(cat "$constraints" "${BASH_SOURCE[0]}" "$repo/scripts/horovod_wheel.sh" | sha256sum | cut -c1-16)
+stamp=$(cat "$constraints" "${BASH_SOURCE[0]}" "$repo"/scripts/horovod_* | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
   say "pip install tensorflow-cpu==$tf_version keras numpy cmake"
   "${pip[@]}" --upgrade pip wheel setuptools >/dev/null

@@ -54,6 +54,7 @@ def test_one_nccl_from_tensorflows_packages_found_without_ld_library_path():
     assert "$ORIGIN/../../nvidia/nccl/lib" in dynamic, dynamic
 
 
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_default_recipe_trains_to_the_demo_bar(controller, tmp_path):
     result = horovodrun(["--config-file", "horovodrun.cfg", "hvdtrain", "train",
@@ -87,6 +88,7 @@ def test_doctor_reports_the_gpu_stack():
     assert re.search(r"^  Gloo +correct; ", report, re.MULTILINE), report
 
 
+@pytest.mark.timeout(900)
 def test_the_gpu_check_runs_tiny_on_cpu(tmp_path):
     output = tmp_path / "gpu_check.json"
     result = run([sys.executable, REPO / "bench" / "gpu_check.py", "--tiny",
