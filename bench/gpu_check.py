@@ -71,10 +71,11 @@ def check_demo(workers, model_dir):
                f"--model_dir={model_dir}", *epochs]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
     accuracy = re.search(r"val_accuracy (\d\.\d+)", result.stdout)
-    rate = re.search(r"throughput ([\d.,]+) images/s", result.stdout)
+    # Absent when a run is too short to leave warm-up (--tiny).
+    rate = re.search(r"hvdtrain: throughput (\S+) (\w+)/s", result.stdout)
     found = dict(workers=workers, command=" ".join(command),
                  val_accuracy=accuracy and float(accuracy.group(1)),
-                 images_per_second=rate and float(rate.group(1).replace(",", "")))
+                 per_second=rate and float(rate.group(1)), unit=rate and rate.group(2))
     problems = []
     if result.returncode != 0 or accuracy is None:
         problems.append(_last_line(result))
