@@ -36,10 +36,14 @@ build_horovod_wheel() {
     || { rm -rf "$build"; die "$fixed"; }
   say "fixed in Horovod's source: $fixed"
   # TensorFlow >= 2.19 moved xla_builder.h; Horovod 0.28.1 includes the old
-  # path. An older TensorFlow's own header comes first (its -I precedes CPATH).
+  # path. A forwarding header there, only where TensorFlow lacks the old one
+  # (CPATH is searched before TensorFlow's own include folder).
+  local tf_include
+  tf_include=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/tensorflow/include
   mkdir -p "$build/include/tensorflow/compiler/xla/client"
-  echo '#include "xla/hlo/builder/xla_builder.h"' \
-    >"$build/include/tensorflow/compiler/xla/client/xla_builder.h"
+  [ -f "$tf_include/tensorflow/compiler/xla/client/xla_builder.h" ] \
+    || echo '#include "xla/hlo/builder/xla_builder.h"' \
+      >"$build/include/tensorflow/compiler/xla/client/xla_builder.h"
   if ! env "$@" PATH="$venv/bin:$PATH" CPATH="$build/include${CPATH:+:$CPATH}" \
       HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
       HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
