@@ -213,7 +213,7 @@ def _self_tests():
         try:
             rows.append((controller, _verdict(_launch(controller))))
         except Exception as e:  # the launcher's failures take many forms
-            rows.append((controller, f"FAILED: {str(e).strip().splitlines()[0][:200]}"))
+            rows.append((controller, _failure(e)))
     return rows or [("none", "Horovod has no controller built")]
 
 
@@ -230,8 +230,13 @@ def _nccl_self_test():
     try:
         results = _launch("Gloo", np=gpus, device="GPU")
     except Exception as e:  # the launcher's failures take many forms
-        return [("NCCL", f"FAILED: {str(e).strip().splitlines()[0][:200]}")]
+        return [("NCCL", _failure(e))]
     return [(f"NCCL, {gpus} GPU{'s' * (gpus > 1)}", _verdict(results))]
+
+
+def _failure(error):
+    """A failed self-test's line: the launcher's first line, shortened."""
+    return f"FAILED: {str(error).strip().splitlines()[0][:200]}"
 
 
 def _verdict(results):
