@@ -8,13 +8,14 @@ recipe of the user's own from that file.
 """
 
 import dataclasses
+import math
 import importlib
 import importlib.util
 import pathlib
 import pkgutil
 from typing import Any, Callable
 
-from hvdtrain.config import TrainConfig
+from hvdtrain.config import Range, TrainConfig
 from hvdtrain.errors import UsageError
 
 
@@ -29,9 +30,11 @@ class Splits:
 @dataclasses.dataclass(frozen=True)
 class Option:
     """A setting of one recipe's own (an image size, a vocabulary), set with
-    --option=NAME=VALUE; its type is the default's."""
+    --option=NAME=VALUE; its type is the default's, and a number's values
+    are finite and in `allowed`."""
     default: bool | int | float | str
     help: str
+    allowed: Range | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +99,13 @@ def parse_options(recipe, options):
         if key not in recipe.options:
             known = ", ".join(recipe.options) or "none"
             raise UsageError(f"recipe {recipe.name} has no option '{key}'; its options: {known}")
-        parsed[key] = _typed(key, value, type(recipe.options[key].default))
+        option = recipe.options[key]
+        parsed[key] = _typed(key, value, type(option.default))
+        if isinstance(parsed[key], (int, float)) and not isinstance(parsed[key], bool):
+            allowed = option.allowed or Range(-math.inf)
+            if parsed[key] not in allowed:
+                expected = allowed.describe() if option.allowed else "a finite number"
+                raise UsageError(f"--option={key}={value}: must be {expected}")
     return parsed
 
 

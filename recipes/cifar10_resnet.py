@@ -40,6 +40,7 @@ scaled rate with warm-up keeps ImageNet accuracy up to a global batch of 8k.
 import keras
 import tensorflow as tf
 
+from hvdtrain.config import NON_NEGATIVE, POSITIVE
 from hvdtrain.data.tfds_source import from_tfds, prepare
 from hvdtrain.errors import UsageError
 from hvdtrain.recipe import Option, Recipe, Splits
@@ -140,8 +141,9 @@ RECIPE = Recipe(
     defaults=dict(epochs=164, batch_size=128, learning_rate=0.1, optimizer="sgd", momentum=0.9,
                   warmup_epochs=5, lr_schedule="step", best_metric="val_accuracy"),
     options={
-        "depth": Option(20, "layers with weights, 6n+2: 20, 32, 44, 56 or 110 as in the paper"),
-        "weight_decay": Option(1e-4, "weight decay of the kernels (0: none)"),
+        "depth": Option(20, "layers with weights, 6n+2: 20, 32, 44, 56 or 110 as in the paper",
+                        allowed=POSITIVE),
+        "weight_decay": Option(1e-4, "weight decay of the kernels (0: none)", allowed=NON_NEGATIVE),
     },
     unit="images",
 )

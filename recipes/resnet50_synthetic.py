@@ -29,6 +29,7 @@ mixed_bfloat16; --compression=fp16 is Horovod's --fp16-allreduce.
 import keras
 
 from hvdtrain import data
+from hvdtrain.config import POSITIVE
 from hvdtrain.errors import UsageError
 from hvdtrain.recipe import Option, Recipe, Splits
 
@@ -68,9 +69,9 @@ RECIPE = Recipe(
                   export=False),
     options=dict(
         model=Option("ResNet50", "the keras.applications model to train"),
-        image_size=Option(224, "height and width of the random images"),
-        num_classes=Option(1000, "classes of the random labels"),
-        iterations=Option(10, "timed windows per epoch, after the warm-up steps"),
+        image_size=Option(224, "height and width of the random images", allowed=POSITIVE),
+        num_classes=Option(1000, "classes of the random labels", allowed=POSITIVE),
+        iterations=Option(10, "timed windows per epoch, after the warm-up steps", allowed=POSITIVE),
     ),
     unit="images",
 )

@@ -44,6 +44,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from hvdtrain.config import POSITIVE, Range
 from hvdtrain.data.tfds_source import from_tfds, prepare
 from hvdtrain.errors import UsageError
 from hvdtrain.recipe import Option, Recipe, Splits
@@ -160,13 +161,13 @@ RECIPE = Recipe(
                   warmup_epochs=1, lr_schedule="cosine", best_metric="val_accuracy"),
     options={
         "vocab_size": Option(2**15, "token ids, 2 reserved (padding, start): words hash "
-                                    "into the rest"),
-        "sequence_length": Option(256, "tokens per review (longer ones are cut)"),
-        "d_model": Option(128, "width of the embeddings and of every block"),
-        "layers": Option(2, "encoder blocks"),
-        "heads": Option(4, "attention heads (d_model must be a multiple)"),
-        "mlp_dim": Option(512, "width of each block's feed-forward layer"),
-        "dropout": Option(0.1, "dropout rate"),
+                                    "into the rest", allowed=Range(3)),
+        "sequence_length": Option(256, "tokens per review (longer ones are cut)", allowed=POSITIVE),
+        "d_model": Option(128, "width of the embeddings and of every block", allowed=POSITIVE),
+        "layers": Option(2, "encoder blocks", allowed=POSITIVE),
+        "heads": Option(4, "attention heads (d_model must be a multiple)", allowed=POSITIVE),
+        "mlp_dim": Option(512, "width of each block's feed-forward layer", allowed=POSITIVE),
+        "dropout": Option(0.1, "dropout rate", allowed=Range(0, 1)),
     },
     unit="sequences",
 )

@@ -79,6 +79,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import collectives
+from hvdtrain.config import POSITIVE, Range
 from hvdtrain.data import from_arrays, from_tfrecords
 from hvdtrain.errors import UsageError
 from hvdtrain.recipe import Option, Recipe, Splits
@@ -313,13 +314,14 @@ RECIPE = Recipe(
                   warmup_epochs=0.5),
     options={
         "table_rows": Option(2**20, "rows of the shared embedding table (and of the wide "
-                                    "part's); each feature gets 1/26 of them"),
-        "embedding_dim": Option(16, "values per embedding row"),
+                                    "part's); each feature gets 1/26 of them", allowed=Range(26)),
+        "embedding_dim": Option(16, "values per embedding row", allowed=POSITIVE),
         "hidden_units": Option("512,256,128", "widths of the deep part's hidden layers"),
         "crosses": Option("0x1,2x3,4x5", "crossed pairs of categorical features in the wide "
                                          "part, as AxB,CxD (indices 0-25)"),
         "synthetic_examples": Option(200_000, "training examples of the synthetic click log "
-                                              "(without --data_dir); plus a tenth to validate"),
+                                              "(without --data_dir); plus a tenth to validate",
+                                     allowed=POSITIVE),
         "train_pattern": Option("train-*.tfrecord", "training files in --data_dir"),
         "eval_pattern": Option("eval-*.tfrecord", "validation files in --data_dir"),
     },

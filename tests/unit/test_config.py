@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from hvdtrain.config import TrainConfig
@@ -42,3 +44,26 @@ def test_validate_names_the_bad_setting(values, message):
 
 def test_defaults_are_valid():
     assert TrainConfig().validate() == TrainConfig()
+
+
+@pytest.mark.parametrize("values, message", [
+    (dict(warmup_epochs=float("nan")), "--warmup_epochs must be >= 0, got nan"),
+    (dict(learning_rate=float("inf")), "--learning_rate must be positive, got inf"),
+    (dict(stall_timeout=float("inf")), "--stall_timeout must be >= 0, got inf"),
+    (dict(momentum=float("nan")), "--momentum must be in [0, 1), got nan"),
+    (dict(seed=-1), "--seed must be in [0, 4294967296), got -1"),
+    (dict(epochs=2.5), "--epochs must be an integer, got 2.5"),
+    (dict(batch_size=True), "--batch_size must be an integer, got True"),
+    (dict(learning_rate="0.1"), "--learning_rate must be a number, got '0.1'"),
+])
+def test_numbers_must_be_finite_of_their_type_and_in_range(values, message):
+    with pytest.raises(UsageError) as error:
+        TrainConfig(**values).validate()
+    assert str(error.value) == message
+
+
+def test_every_numeric_setting_declares_its_range():
+    # A numeric setting without one would take NaN, infinities and negatives unchecked.
+    numeric = [f for f in dataclasses.fields(TrainConfig) if f.type in (int, float)]
+    assert numeric and all("range" in f.metadata for f in numeric), [
+        f.name for f in numeric if "range" not in f.metadata]

@@ -63,3 +63,28 @@ def test_boolean_options_read_true_and_false():
     assert recipe.parse_options(flag, ["on=0"]) == {"on": False}
     with pytest.raises(UsageError, match="expected true or false"):
         recipe.parse_options(flag, ["on=yes please"])
+
+
+@pytest.mark.parametrize("name, option, message", [
+    ("text_transformer", "dropout=nan", "--option=dropout=nan: must be in [0, 1)"),
+    ("text_transformer", "dropout=1.5", "--option=dropout=1.5: must be in [0, 1)"),
+    ("cifar10_resnet", "weight_decay=-inf", "--option=weight_decay=-inf: must be >= 0"),
+    ("wide_and_deep", "table_rows=0", "--option=table_rows=0: must be >= 26"),
+])
+def test_numeric_options_are_checked_against_their_range(name, option, message):
+    with pytest.raises(UsageError) as error:
+        recipe.make_config(name, [option])
+    assert str(error.value) == message
+
+
+def test_numeric_options_without_a_range_must_still_be_finite():
+    own = recipe.Recipe("own", None, None, None, options={"scale": recipe.Option(1.0, "a scale")})
+    with pytest.raises(UsageError, match=r"^--option=scale=nan: must be a finite number$"):
+        recipe.parse_options(own, ["scale=nan"])
+
+
+def test_every_shipped_numeric_option_declares_its_range():
+    unranged = [f"{name}.{key}" for name in recipe.available()
+                for key, option in recipe.get(name).options.items()
+                if type(option.default) in (int, float) and option.allowed is None]
+    assert not unranged
