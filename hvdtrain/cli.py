@@ -17,7 +17,7 @@ import sys
 
 from absl import app, flags
 
-from hvdtrain import horovod_config
+from hvdtrain import horovod_config, model_dir
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.config import (COMPRESSIONS, LR_SCHEDULES, NAN_POLICIES, OPTIMIZERS, PRECISIONS,
                              TrainConfig)
@@ -170,6 +170,7 @@ def _train():
     # Bad input fails here, before TensorFlow loads: fast, and one line.
     recipe_lib.check_name(FLAGS.recipe)
     TrainConfig().override(**values).validate()
+    model_dir.check_usable(FLAGS.model_dir or model_dir.DEFAULT_PARENT)
     # The recipe's options need its module (and so TensorFlow) to be checked.
     config = recipe_lib.make_config(FLAGS.recipe, FLAGS.option, **values)
     if FLAGS.dry_run:

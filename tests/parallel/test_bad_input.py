@@ -11,6 +11,13 @@ BAD_INPUT = {
     "unreadable flagfile": (["--flagfile=/nonexistent/train.flags"], "/nonexistent/train.flags"),
     "unknown flag": (["--batch_sizee=4"], "batch_sizee"),
     "missing command": ([], "unknown command ''; use one of: train"),
+    "non-finite number": (["--warmup_epochs=nan"], "--warmup_epochs must be >= 0, got nan"),
+    "model_dir is a file": (["--model_dir=README.md"],
+                            "--model_dir=README.md is a file, not a directory"),
+    "model_dir under a file": (["--model_dir=README.md/run", "--dry_run"],
+                               "--model_dir=README.md/run is under README.md, a file"),
+    "model_dir not writable": (["--model_dir=/proc/hvdtrain-run", "--dry_run"],
+                               "--model_dir=/proc/hvdtrain-run cannot be written"),
 }
 
 
@@ -25,7 +32,8 @@ def test_single_process_prints_one_line_and_exits_2(case):
     assert "Traceback" not in result.stderr + result.stdout
 
 
-@pytest.mark.parametrize("case", ["unknown recipe", "zero batch size", "unreadable flagfile"])
+@pytest.mark.parametrize("case", ["unknown recipe", "zero batch size", "unreadable flagfile",
+                                  "model_dir is a file"])
 def test_every_rank_reports_and_the_job_fails(case, controller):
     args, expected = BAD_INPUT[case]
     result = horovodrun(["hvdtrain", "train", *args], controller=controller, timeout=90)
