@@ -171,6 +171,7 @@ def _train():
     recipe_lib.check_name(FLAGS.recipe)
     TrainConfig().override(**values).validate()
     model_dir.check_usable(FLAGS.model_dir or model_dir.DEFAULT_PARENT)
+    horovod_config.warn_about_launch_config()
     # The recipe's options need its module (and so TensorFlow) to be checked.
     config = recipe_lib.make_config(FLAGS.recipe, FLAGS.option, **values)
     if FLAGS.dry_run:

@@ -2,14 +2,21 @@
 
 horovodrun reads a YAML file of sections (params, autotune, timeline,
 stall_check, library_options, logging) and quietly ignores any key it does
-not know, so a misspelt `fusion_treshold_mb` silently does nothing. `check()`
-knows every key horovodrun 0.28.1 reads (horovod/runner/common/util/
+not know, so a misspelt `fusion_treshold_mb` silently does nothing, while a
+value of the wrong type ends horovodrun with a traceback. `check()` knows
+every key horovodrun 0.28.1 reads (horovod/runner/common/util/
 config_parser.py) with its type and range, and names the first mistake.
+`warn_about_launch_config()` checks, from a worker, the file its horovodrun
+was given.
 """
 
+import argparse
 import dataclasses
+import difflib
 import math
+import os
 import pathlib
+import sys
 
 import yaml
 
@@ -24,13 +31,14 @@ class Value:
     low: float | None = None
     high: float | None = None
     choices: tuple = ()
+    any_case: bool = False      # horovodrun lower-cases the value before comparing
 
     def problem(self, value):
         """What is wrong with `value`, or None."""
         accepted = (int, float) if self.kind is float else self.kind
         if isinstance(value, bool) != (self.kind is bool) or not isinstance(value, accepted):
             return f"must be {_KIND_NAMES[self.kind]}, got {value!r}"
-        if self.choices and value not in self.choices:
+        if self.choices and (value.lower() if self.any_case else value) not in self.choices:
             return f"must be one of {', '.join(self.choices)}, got {value!r}"
         if isinstance(value, float) and not math.isfinite(value):
             return f"must be finite, got {value!r}"
@@ -46,7 +54,7 @@ _COUNT = Value(int, low=0)
 _SECONDS = Value(int, low=0)
 
 SCHEMA = {
-    "controller": Value(str, choices=("gloo", "mpi")),
+    "controller": Value(str, choices=("gloo", "mpi"), any_case=True),
     "params": {
         "fusion_threshold_mb": _COUNT,
         "cycle_time_ms": Value(float, low=0),
@@ -79,6 +87,7 @@ SCHEMA = {
         "gloo_timeout_seconds": Value(int, low=1),
     },
     "logging": {
+        # horovodrun hands the level to Python's logging, which knows only upper case.
         "level": Value(str, choices=LOG_LEVELS),
         "with_timestamp": Value(bool),
     },
@@ -90,9 +99,11 @@ def check(path):
     the first unknown key or bad value and how to fix it."""
     path = pathlib.Path(path)
     try:
-        config = yaml.safe_load(path.read_text())
+        config = yaml.load(path.read_text(), Loader=_StrictLoader)
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}; check the path") from None
+    except _DuplicateKey as e:
+        raise UsageError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -105,20 +116,50 @@ def check(path):
     return config
 
 
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: PyYAML
+    keeps the last silently, so a second `params:` would drop the first."""
+
+    def construct_mapping(self, node, deep=False):
+        lines = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in lines:
+                raise _DuplicateKey(f"'{key}' is given twice (lines {lines[key]} and {line}) and "
+                                    "YAML keeps only the last; merge the two")
+            lines[key] = line
+        return super().construct_mapping(node, deep)
+
+
 def _check_mapping(path, mapping, schema, prefix):
     for key, value in mapping.items():
         name = f"{prefix}{key}"
         if key not in schema:
-            raise UsageError(f"{path}: unknown key '{name}' (horovodrun would ignore it); "
-                             f"known here: {', '.join(schema)}")
+            raise UsageError(f"{path}: {_unknown(key, schema, prefix)}")
         expected = schema[key]
         if isinstance(expected, dict):
+            if value is None:       # a section whose keys are all commented out
+                continue
             if not isinstance(value, dict):
                 raise UsageError(f"{path}: '{name}' must be a section of keys "
                                  f"({', '.join(expected)}), got {value!r}")
             _check_mapping(path, value, expected, prefix=f"{name}.")
         elif (problem := expected.problem(value)) is not None:
             raise UsageError(f"{path}: '{name}' {problem}")
+
+
+def _unknown(key, schema, prefix):
+    """`key` is not in `schema`: which key was probably meant."""
+    what = "key" if prefix else "section"
+    close = difflib.get_close_matches(str(key), list(schema), n=1)
+    hint = (f"did you mean '{prefix}{close[0]}'?" if close else
+            f"the {what}s known {f'in {prefix[:-1]}' if prefix else 'here'}: {', '.join(schema)}")
+    return f"unknown {what} '{prefix}{key}', which horovodrun ignores; {hint}"
 
 
 def _check_consistency(path, config):
@@ -129,3 +170,56 @@ def _check_consistency(path, config):
         raise UsageError(f"{path}: 'stall_check.shutdown_time_seconds' ({shutdown}) is below "
                          f"'warning_time_seconds' ({warning}), so Horovod would never shut "
                          "down; make it at least the warning time")
+
+
+def warn_about_launch_config():
+    """Checks the --config-file this worker's horovodrun was given and, on
+    one process, warns in one line: the job has started, so a mistake there
+    is no longer an error, but it went unnoticed (horovodrun ignores unknown
+    keys and passes on values of the wrong type)."""
+    # One process per job finds horovodrun among its ancestors (those on the
+    # launching host); the first of them warns.
+    if os.environ.get("HOROVOD_LOCAL_RANK", "0") != "0":
+        return
+    path = launch_config_file()
+    if path is None:
+        return
+    try:
+        check(path)
+    except UsageError as e:
+        # One write: launchers tag each write, and a separate newline would get a tag of its own.
+        sys.stderr.write(f"hvdtrain: warning: {e} (this run goes on as horovodrun read the file; "
+                         "fix it for the next launch)\n")
+        sys.stderr.flush()
+
+
+def launch_config_file():
+    """The --config-file of the horovodrun that started this process, as a
+    path from here; None without one, or where horovodrun cannot be seen.
+
+    horovodrun's command line is visible only on the host it runs on, and
+    only under Gloo: workers on other hosts run under ssh, and with --mpi
+    horovodrun replaces itself with mpirun, whose command line no longer
+    names the file. There the launch itself must check it first."""
+    import psutil  # a Horovod requirement
+
+    worker_args = sys.argv[1:]
+    try:
+        for process in psutil.Process().parents():
+            argv = process.cmdline()
+            if not any(os.path.basename(word) == "horovodrun" for word in argv[:2]):
+                continue
+            # Only horovodrun's own options, not the command it runs (whose
+            # arguments are this process's), may name the file.
+            if worker_args and argv[-len(worker_args):] == worker_args:
+                argv = argv[:-len(worker_args)]
+            given = _CONFIG_FILE_OPTION.parse_known_args(argv)[0].config_file
+            return None if given is None else pathlib.Path(process.cwd(), given)
+    except (psutil.Error, argparse.ArgumentError):  # a process gone or another user's; no value
+        return None
+    return None
+
+
+# horovodrun's own option (argparse, so its abbreviations like --config work too).
+_CONFIG_FILE_OPTION = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+_CONFIG_FILE_OPTION.add_argument("--config-file")

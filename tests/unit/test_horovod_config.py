@@ -1,5 +1,7 @@
 """`hvdtrain check-config`: horovodrun's --config-file checked strictly."""
 
+import argparse
+
 import pytest
 import yaml
 
@@ -24,25 +26,48 @@ def _write(tmp_path, text):
 
 
 @pytest.mark.parametrize("text, message", [
+    # Unknown keys and sections, which horovodrun ignores: the closest known name.
     ("params:\n  fusion_treshold_mb: 32\n",
-     "unknown key 'params.fusion_treshold_mb' (horovodrun would ignore it); known here: "
-     "fusion_threshold_mb, cycle_time_ms"),
-    ("stall:\n  enabled: true\n", "unknown key 'stall' (horovodrun would ignore it)"),
-    ("params:\n  fusion_threshold_mb: -1\n", "'params.fusion_threshold_mb' must be >= 0, got -1"),
+     "unknown key 'params.fusion_treshold_mb', which horovodrun ignores; "
+     "did you mean 'params.fusion_threshold_mb'?"),
+    ("stall:\n  enabled: true\n",
+     "unknown section 'stall', which horovodrun ignores; did you mean 'stall_check'?"),
+    ("params:\n  speed: 3\n", "unknown key 'params.speed', which horovodrun ignores; the keys "
+     "known in params: fusion_threshold_mb, cycle_time_ms, cache_capacity"),
+    ("verbosity: 3\n", "unknown section 'verbosity', which horovodrun ignores; the sections "
+     "known here: controller, params, autotune"),
+    # Values of the wrong type: horovodrun fails with a traceback on some, and
+    # passes the others on to the workers as they are.
+    ("params:\n  fusion_threshold_mb: '64'\n",
+     "'params.fusion_threshold_mb' must be an integer, got '64'"),
     ("params:\n  fusion_threshold_mb: 64.5\n",
      "'params.fusion_threshold_mb' must be an integer, got 64.5"),
+    ("params:\n  hierarchical_allreduce: 'false'\n",
+     "'params.hierarchical_allreduce' must be true or false, got 'false'"),
     ("params:\n  hierarchical_allreduce: 1\n",
      "'params.hierarchical_allreduce' must be true or false, got 1"),
     ("params:\n  cache_capacity: true\n", "'params.cache_capacity' must be an integer, got True"),
+    ("params:\n  cycle_time_ms:\n", "'params.cycle_time_ms' must be a number, got None"),
+    ("params:\n  cycle_time_ms: .nan\n", "'params.cycle_time_ms' must be finite, got nan"),
+    ("timeline:\n  filename: 3\n", "'timeline.filename' must be a string, got 3"),
+    ("controller: tcp\n", "'controller' must be one of gloo, mpi, got 'tcp'"),
+    # Out of range.
+    ("params:\n  fusion_threshold_mb: -1\n", "'params.fusion_threshold_mb' must be >= 0, got -1"),
     ("autotune:\n  gaussian_process_noise: 1.5\n",
      "'autotune.gaussian_process_noise' must be <= 1, got 1.5"),
-    ("logging:\n  level: verbose\n", "'logging.level' must be one of TRACE, DEBUG"),
-    ("params: 64\n", "'params' must be a section of keys (fusion_threshold_mb"),
+    ("library_options:\n  gloo_timeout_seconds: 0\n",
+     "'library_options.gloo_timeout_seconds' must be >= 1, got 0"),
+    ("logging:\n  level: info\n", "'logging.level' must be one of TRACE, DEBUG"),
     ("stall_check:\n  warning_time_seconds: 60\n  shutdown_time_seconds: 30\n",
      "'stall_check.shutdown_time_seconds' (30) is below 'warning_time_seconds' (60), so "
      "Horovod would never shut down"),
+    # The file's shape.
+    ("params: 64\n", "'params' must be a section of keys (fusion_threshold_mb"),
     ("params:\n  - a\n  b: [\n", "is not valid YAML at line"),
     ("- params\n", "must hold sections (params:, stall_check:, ...), not list"),
+    ("params:\n  cycle_time_ms: 1\nlogging:\n  level: INFO\nparams:\n  cache_capacity: 8\n",
+     "'params' is given twice (lines 1 and 5) and YAML keeps only the last; merge the two"),
+    ("params:\n  cycle_time_ms: 1\n  cycle_time_ms: 2\n", "'cycle_time_ms' is given twice"),
 ])
 def test_mistakes_are_named(tmp_path, text, message):
     with pytest.raises(UsageError) as error:
@@ -50,15 +75,80 @@ def test_mistakes_are_named(tmp_path, text, message):
     assert message in str(error.value)
 
 
-def test_the_schema_knows_every_key_horovodrun_reads():
-    # horovodrun's own parser reads these keys; a Horovod upgrade that adds
-    # one makes this test fail until the schema knows it.
+@pytest.mark.parametrize("text", [
+    "controller: Gloo\n",                      # horovodrun lower-cases it
+    "params:\n  # fusion_threshold_mb: 64\n",   # a section whose keys are all commented out
+    "params:\n  cycle_time_ms: 2\n",            # an integer where a number is expected
+])
+def test_what_horovodrun_accepts_is_accepted(tmp_path, text):
+    horovod_config.check(_write(tmp_path, text))
+
+
+def _what_horovodrun_reads():
+    """{key: the horovodrun option it sets, or None}: horovodrun's own parser
+    applied to a config of every key of the schema, with sections that record
+    each key it asks for (so keys the schema lacks show up too)."""
     from horovod.runner.common.util import config_parser
-    source = open(config_parser.__file__).read()
-    for section, keys in horovod_config.SCHEMA.items():
-        assert f"'{section}'" in source
-        for key in keys if isinstance(keys, dict) else ():
-            assert f"'{key}'" in source, f"{section}.{key}"
+    read, sentinels = set(), {}
+
+    class Section(dict):
+        def __init__(self, prefix, schema):
+            super().__init__({key: Section(f"{prefix}{key}.", value) if isinstance(value, dict)
+                              else sentinels.setdefault(f"{prefix}{key}", object())
+                              for key, value in schema.items()})
+            self.prefix = prefix
+
+        def get(self, key, default=None):
+            read.add(f"{self.prefix}{key}")
+            return super().get(key, default)
+
+    args = argparse.Namespace(use_gloo=True, use_mpi=False, autotune=None, no_stall_check=None)
+    config_parser.set_args_from_config(args, Section("", horovod_config.SCHEMA), set())
+    options = {id(value): dest for dest, value in vars(args).items()}
+    return {key: options.get(id(sentinels.get(key))) for key in read}
+
+
+def _horovodrun_options(monkeypatch):
+    """{dest: argparse action} of horovodrun's own command line."""
+    from horovod.runner import launch
+    parsers = []
+
+    def capture(parser, *args, **kwargs):
+        parsers.append(parser)
+        raise SystemExit
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    with pytest.raises(SystemExit):
+        launch.parse_args()
+    return {action.dest: action for action in parsers[0]._actions}
+
+
+def _kind(action):
+    return bool if action.nargs == 0 else action.type or str
+
+
+def test_the_schema_knows_every_key_horovodrun_reads_with_its_type(monkeypatch):
+    # A Horovod upgrade that reads another key, or one fewer, fails this test.
+    reads = _what_horovodrun_reads()
+    schema_keys = {f"{section}.{key}" if isinstance(keys, dict) else section
+                   for section, keys in horovod_config.SCHEMA.items()
+                   for key in (keys if isinstance(keys, dict) else [None])}
+    assert set(reads) == schema_keys | set(SECTIONS_READ)
+    options = _horovodrun_options(monkeypatch)
+    checked = 0
+    for key, dest in reads.items():
+        if dest is None:        # sections, controller, stall_check.enabled (read as `not`)
+            continue
+        section, name = key.split(".")
+        expected = horovod_config.SCHEMA[section][name]
+        assert expected.kind is _kind(options[dest]), key
+        if options[dest].choices:
+            assert expected.choices == tuple(options[dest].choices), key
+        checked += 1
+    assert checked == len(schema_keys) - 2
+
+
+SECTIONS_READ = ("params", "autotune", "timeline", "stall_check", "library_options", "logging")
 
 
 def test_check_config_command(tmp_path):
