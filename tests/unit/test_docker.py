@@ -32,6 +32,47 @@ def _horovodrun_options(command):
     return options
 
 
+def _commands(script):
+    """The commands of a shell script, in order: continued lines joined,
+    `a && b` split, `exec` dropped, comments left out."""
+    commands = []
+    for line in script.replace("\\\n", " ").splitlines():
+        for part in line.split("&&"):
+            words = shlex.split(part, comments=True)
+            commands.append(words[1:] if words[:1] == ["exec"] else words)
+    return [words for words in commands if words]
+
+
+def _launch(commands):
+    """The horovodrun command among `commands`, after checking that
+    `hvdtrain check-config` checked its --config-file first."""
+    launches = [i for i, words in enumerate(commands) if words[0] == "horovodrun"]
+    assert len(launches) == 1, commands
+    command = commands[launches[0]]
+    config = _horovodrun_options(command)["--config-file"]
+    assert ["hvdtrain", "check-config", config] in commands[:launches[0]], command
+    return command
+
+
+def _mpijob_launch(job):
+    launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    assert launcher["command"] == ["/bin/sh", "-c"]
+    return _launch(_commands(launcher["args"][0]))
+
+
+def test_every_documented_launch_checks_its_config_file_first():
+    # horovodrun ignores a misspelt key and stops with a traceback at a value
+    # of the wrong type, so each launch runs `hvdtrain check-config` on the
+    # same file first, and stops if it fails.
+    makefile = (REPO / "Makefile").read_text()
+    demo = re.search(r"^demo:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1)
+    _launch(_commands(demo))            # make stops at the first failing line
+    slurm = (DOCKER / "slurm.sbatch").read_text()
+    assert "\nset -euo pipefail\n" in slurm
+    _launch(_commands(slurm))
+    _mpijob_launch(yaml.safe_load((DOCKER / "mpijob.yaml").read_text()))   # joined by &&
+
+
 def test_the_images_install_with_the_script_ci_runs():
     dockerfile = (DOCKER / "Dockerfile").read_text()
     runs = " ".join(re.findall(r"^RUN ((?:.*\\\n)*.*)", dockerfile, re.MULTILINE))
@@ -75,7 +116,7 @@ def test_the_mpijob_parses_and_launches_a_valid_command():
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v2beta1", "MPIJob")
     specs = job["spec"]["mpiReplicaSpecs"]
     launcher = specs["Launcher"]["template"]["spec"]["containers"][0]
-    command = launcher["command"]
+    command = _mpijob_launch(job)
     # NCCL's settings on the launcher, whose environment horovodrun forwards.
     assert {e["name"]: e["value"] for e in launcher["env"]}["NCCL_SOCKET_IFNAME"] == "eth0"
     options = _horovodrun_options(command)
@@ -97,8 +138,7 @@ def test_the_slurm_script_is_valid_bash_and_launches_a_valid_command():
     exports = dict(re.findall(r"^export (NCCL_\w+)=(\S+)", text, re.MULTILINE))
     assert exports["NCCL_SOCKET_IFNAME"] == "${NCCL_SOCKET_IFNAME:-^lo,docker}"
     assert text.index("export NCCL_SOCKET_IFNAME") < text.index("\nhorovodrun ")
-    launch = re.search(r"^horovodrun (?:.*\\\n)*.*", text, re.MULTILINE).group(0)
-    command = shlex.split(launch.replace("\\\n", " "))
+    command = _launch(_commands(text))
     options = _horovodrun_options(command)
     assert options["--config-file"] == "horovodrun.cfg" and options["-np"] == "$SLURM_NTASKS"
     _dry_run([word.replace("$SLURM_JOB_ID", "1") for word in command])
