@@ -194,8 +194,8 @@ def warn_about_launch_config():
 
 
 def launch_config_file():
-    """The --config-file of the horovodrun that started this process, as a
-    path from here; None without one, or where horovodrun cannot be seen.
+    """The --config-file of the horovodrun that started this process, made
+    absolute; None without one, or where horovodrun cannot be seen.
 
     horovodrun's command line is visible only on the host it runs on, and
     only under Gloo: workers on other hosts run under ssh, and with --mpi
@@ -203,21 +203,28 @@ def launch_config_file():
     names the file. There the launch itself must check it first."""
     import psutil  # a Horovod requirement
 
-    worker_args = sys.argv[1:]
-    try:
-        for process in psutil.Process().parents():
+    for process in psutil.Process().parents():
+        try:
             argv = process.cmdline()
-            if not any(os.path.basename(word) == "horovodrun" for word in argv[:2]):
-                continue
-            # Only horovodrun's own options, not the command it runs (whose
-            # arguments are this process's), may name the file.
-            if worker_args and argv[-len(worker_args):] == worker_args:
-                argv = argv[:-len(worker_args)]
-            given = _CONFIG_FILE_OPTION.parse_known_args(argv)[0].config_file
-            return None if given is None else pathlib.Path(process.cwd(), given)
-    except (psutil.Error, argparse.ArgumentError):  # a process gone or another user's; no value
-        return None
+            if any(os.path.basename(word) == "horovodrun" for word in argv[:2]):
+                given = _config_file_option(argv)
+                return None if given is None else pathlib.Path(process.cwd(), given)
+        except psutil.Error:    # gone, or another user's: not this job's horovodrun
+            continue
     return None
+
+
+def _config_file_option(argv):
+    """The --config-file in horovodrun's command line `argv`, or None."""
+    # Only horovodrun's own options, not the command it runs (whose arguments
+    # are this process's), may name it.
+    worker_args = sys.argv[1:]
+    if worker_args and argv[-len(worker_args):] == worker_args:
+        argv = argv[:-len(worker_args)]
+    try:
+        return _CONFIG_FILE_OPTION.parse_known_args(argv)[0].config_file
+    except argparse.ArgumentError:      # the option without a value, which horovodrun refuses
+        return None
 
 
 # horovodrun's own option (argparse, so its abbreviations like --config work too).

@@ -168,3 +168,19 @@ def test_horovodrun_accepts_the_config(tmp_path):
     result = run(["horovodrun", "--config-file", CONFIG, "--check-build"], timeout=120)
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(CONFIG.read_text())
+
+
+@pytest.mark.parametrize("horovodrun, worker, config_file", [
+    (["--config-file", "a.cfg", "-np", "2"], ["train.py"], "a.cfg"),
+    (["--config-file=a.cfg", "-np", "2"], ["train.py"], "a.cfg"),
+    (["--config", "a.cfg", "-np", "2"], ["train.py"], "a.cfg"),   # horovodrun's argparse abbreviates
+    (["-np", "2", "-H", "localhost:2"], ["train.py"], None),
+    # The worker's own option of that name is not horovodrun's.
+    (["-np", "2"], ["train.py", "--config-file", "model.yaml"], None),
+    (["--config-file", "a.cfg", "-np", "2"], ["train.py", "--config-file", "model.yaml"], "a.cfg"),
+])
+def test_the_launch_config_file_is_read_from_horovodruns_own_options(
+        monkeypatch, horovodrun, worker, config_file):
+    monkeypatch.setattr("sys.argv", worker)
+    argv = ["python", "/venv/bin/horovodrun", *horovodrun, "python", *worker]
+    assert horovod_config._config_file_option(argv) == config_file
