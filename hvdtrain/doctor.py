@@ -199,7 +199,7 @@ def _config(config_file):
         config = horovod_config.check(path)
     except UsageError as e:
         return [("file", str(path.resolve())), ("problem", str(e))]
-    params = config.get("params", {})
+    params = config.get("params") or {}     # a section may be empty
     return [("file", f"{path.resolve()} (valid)"),
             *[(key, str(value)) for key, value in params.items()]]
 

@@ -184,3 +184,9 @@ def test_the_launch_config_file_is_read_from_horovodruns_own_options(
     monkeypatch.setattr("sys.argv", worker)
     argv = ["python", "/venv/bin/horovodrun", *horovodrun, "python", *worker]
     assert horovod_config._config_file_option(argv) == config_file
+
+
+def test_the_doctor_reports_a_config_with_an_empty_section(tmp_path):
+    from hvdtrain import doctor
+    rows = dict(doctor._config(_write(tmp_path, "params:\n  # fusion_threshold_mb: 64\n")))
+    assert rows["file"].endswith("horovodrun.cfg (valid)")
