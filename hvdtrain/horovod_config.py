@@ -43,22 +43,25 @@ class Value:
         if isinstance(value, float) and not math.isfinite(value):
             return f"must be finite, got {value!r}"
         if self.low is not None and value < self.low:
-            return f"must be >= {self.low:g}, got {value!r}"
+            return f"must be >= {self.low}, got {value!r}"
         if self.high is not None and value > self.high:
-            return f"must be <= {self.high:g}, got {value!r}"
+            return f"must be <= {self.high}, got {value!r}"
         return None
 
 
 _KIND_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-_COUNT = Value(int, low=0)
-_SECONDS = Value(int, low=0)
+# Horovod reads most of these into a C int; a larger value would wrap around.
+_INT_MAX = 2**31 - 1
+_COUNT = Value(int, low=0, high=_INT_MAX)
+_SECONDS = Value(int, low=0, high=_INT_MAX)
 
 SCHEMA = {
     "controller": Value(str, choices=("gloo", "mpi"), any_case=True),
     "params": {
-        "fusion_threshold_mb": _COUNT,
+        # horovodrun passes bytes (MB x 2**20), which Horovod reads into an int64.
+        "fusion_threshold_mb": Value(int, low=0, high=(2**63 - 1) >> 20),
         "cycle_time_ms": Value(float, low=0),
-        "cache_capacity": _COUNT,
+        "cache_capacity": Value(int, low=0, high=2**32 - 1),   # a uint32
         "hierarchical_allreduce": Value(bool),
         "hierarchical_allgather": Value(bool),
         "torus_allreduce": Value(bool),
@@ -82,9 +85,9 @@ SCHEMA = {
     },
     "library_options": {
         "mpi_threads_disable": Value(bool),
-        "num_nccl_streams": Value(int, low=1),
+        "num_nccl_streams": Value(int, low=1, high=_INT_MAX),
         "thread_affinity": _COUNT,
-        "gloo_timeout_seconds": Value(int, low=1),
+        "gloo_timeout_seconds": Value(int, low=1, high=_INT_MAX),
     },
     "logging": {
         # horovodrun hands the level to Python's logging, which knows only upper case.
@@ -102,12 +105,17 @@ def check(path):
         config = yaml.load(path.read_text(), Loader=_StrictLoader)
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}; check the path") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not a text file; horovodrun's --config-file is YAML text") from None
     except _DuplicateKey as e:
         raise UsageError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise UsageError(f"{path} is not valid YAML{where}; fix its syntax") from None
+    if config is None:
+        raise UsageError(f"{path} is empty, which horovodrun cannot read; give it sections "
+                         "(params:, stall_check:, ...) or launch without --config-file")
     if not isinstance(config, dict):
         raise UsageError(f"{path} must hold sections (params:, stall_check:, ...), "
                          f"not {type(config).__name__}")

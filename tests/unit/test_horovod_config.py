@@ -58,6 +58,13 @@ def _write(tmp_path, text):
     ("library_options:\n  gloo_timeout_seconds: 0\n",
      "'library_options.gloo_timeout_seconds' must be >= 1, got 0"),
     ("logging:\n  level: info\n", "'logging.level' must be one of TRACE, DEBUG"),
+    # Beyond the C types Horovod reads them into.
+    ("params:\n  fusion_threshold_mb: 9000000000000\n",
+     "'params.fusion_threshold_mb' must be <= 8796093022207, got 9000000000000"),
+    ("params:\n  cache_capacity: 4294967296\n",
+     "'params.cache_capacity' must be <= 4294967295, got 4294967296"),
+    ("stall_check:\n  shutdown_time_seconds: 2147483648\n",
+     "'stall_check.shutdown_time_seconds' must be <= 2147483647, got 2147483648"),
     ("stall_check:\n  warning_time_seconds: 60\n  shutdown_time_seconds: 30\n",
      "'stall_check.shutdown_time_seconds' (30) is below 'warning_time_seconds' (60), so "
      "Horovod would never shut down"),
@@ -65,6 +72,7 @@ def _write(tmp_path, text):
     ("params: 64\n", "'params' must be a section of keys (fusion_threshold_mb"),
     ("params:\n  - a\n  b: [\n", "is not valid YAML at line"),
     ("- params\n", "must hold sections (params:, stall_check:, ...), not list"),
+    ("# only a comment\n", "is empty, which horovodrun cannot read; give it sections"),
     ("params:\n  cycle_time_ms: 1\nlogging:\n  level: INFO\nparams:\n  cache_capacity: 8\n",
      "'params' is given twice (lines 1 and 5) and YAML keeps only the last; merge the two"),
     ("params:\n  cycle_time_ms: 1\n  cycle_time_ms: 2\n", "'cycle_time_ms' is given twice"),
@@ -73,6 +81,14 @@ def test_mistakes_are_named(tmp_path, text, message):
     with pytest.raises(UsageError) as error:
         horovod_config.check(_write(tmp_path, text))
     assert message in str(error.value)
+
+
+def test_a_file_that_is_not_text_is_named(tmp_path):
+    path = tmp_path / "horovodrun.cfg"
+    path.write_bytes(b"\xff\xfe\x00params")
+    with pytest.raises(UsageError, match="horovodrun.cfg is not a text file; horovodrun's "
+                                         "--config-file is YAML text"):
+        horovod_config.check(path)
 
 
 @pytest.mark.parametrize("text", [
