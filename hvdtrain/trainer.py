@@ -16,12 +16,11 @@ from hvdtrain import callbacks, collectives, elastic, export, resume, run_log, r
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.checkpoint import Position
 from hvdtrain.compression import Compression
-from hvdtrain.errors import UsageError
+from hvdtrain.data import input_errors
 from hvdtrain.evaluation import ExactEvaluation
 from hvdtrain.optimizer import DistributedOptimizer
 from hvdtrain.watchdog import StallWatchdog
 
-_MARK = "hvdtrain: "
 COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16, "bf16": Compression.bf16}
 
 
@@ -109,11 +108,12 @@ def _train_from(state, model, recipe, config, model_dir):
     start = time.perf_counter()
     try:
         history = _fit(model, train_data, validation_data, fit_callbacks, config, epoch, step)
-    except tf.errors.InvalidArgumentError as e:
-        # Checks inside input pipelines (e.g. image sizes) carry hvdtrain's message.
-        if _MARK not in e.message:
+    except tf.errors.OpError as e:
+        # Bad data found while training (a corrupt file, a record that does not parse).
+        error = input_errors.usage_error(e, train_data, validation_data)
+        if error is None:
             raise
-        raise UsageError(e.message.split(_MARK, 1)[1].splitlines()[0]) from None
+        raise error from None
     finally:
         if watchdog:
             # Keras skips on_train_end when fit raises: a restart (lost worker)

@@ -18,7 +18,8 @@ integer count features and 26 categorical features.
   Converting Criteo's TSV (label, I1..I13, C1..C26 separated by tabs) is one
   tf.train.Example per line with these three features. Before training, the
   workers check every record (in parallel, each a part of the files): a
-  record off the schema stops all of them with one line naming its file.
+  record off the schema, or a file cut short or damaged, stops all of them
+  with one line naming the file.
 - Without --data_dir: a synthetic click log generated from --seed
   (--option=synthetic_examples training examples plus a tenth as many for
   validation), with heavy-tailed (Zipf-like) category ids and clicks drawn
@@ -71,8 +72,6 @@ Launch (4 workers, synthetic data; then a converted Criteo log):
       hvdtrain train --recipe=wide_and_deep --data_dir=/data/criteo_tfrecords
 """
 
-import re
-
 import horovod.tensorflow as hvd
 import keras
 import numpy as np
@@ -80,7 +79,8 @@ import tensorflow as tf
 
 from hvdtrain import collectives
 from hvdtrain.config import POSITIVE, Range
-from hvdtrain.data import from_arrays, from_tfrecords
+from hvdtrain.data import from_arrays, from_tfrecords, input_errors
+from hvdtrain.data.files import tfrecord_problem
 from hvdtrain.errors import UsageError
 from hvdtrain.recipe import Option, Recipe, Splits
 
@@ -293,10 +293,11 @@ def _check_file(path):
             labels = tf.io.parse_example(batch, SCHEMA)["label"]
             if not bool(tf.reduce_all((labels == 0) | (labels == 1))):
                 return UsageError(f"{path}: a label is not 0 or 1; expected {SCHEMA_TEXT}")
-    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+    except tf.errors.DataLossError as e:  # cut short or damaged, whatever its records hold
+        return UsageError(tfrecord_problem(path, e))
+    except tf.errors.InvalidArgumentError as e:
         # TensorFlow's reason without its op names: "Key: dense, Index: 1. Number of ..."
-        reason = re.sub(r"\{\{.*?\}\}|\[Op:\w+\]|Name: <unknown>, ", "",
-                        e.message.strip().splitlines()[0]).strip()
+        reason = input_errors.reason(e).replace("Name: <unknown>, ", "")
         return UsageError(f"{path} has a record off the schema ({reason}); expected "
                           f"{SCHEMA_TEXT} (see recipes/wide_and_deep.py)")
     return None

@@ -4,17 +4,23 @@ Each worker reads whole files when there are at least as many files as
 workers (files i, i+n, ... for worker i, before any interleaving or
 shuffling); with fewer files, all workers read all files and keep every n-th
 item, with a warning. Items are counted before training, so every worker's
-steps are known, and a corrupt file is reported up front on every rank.
+steps are known. Damaged files are looked for up front, cheaply (TFRecords:
+read through and their first records parsed; images: their headers read), and
+reported on every rank with one line naming the file. What only shows while
+training (a record further in that does not parse, an image damaged inside)
+is traced back to its file then, on the rank that read it.
 """
 
+import dataclasses
 import pathlib
+import re
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 from absl import logging
 
 from hvdtrain import collectives
-from hvdtrain.data import sharding
+from hvdtrain.data import image_headers, input_errors, sharding
 from hvdtrain.errors import UsageError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
@@ -32,20 +38,45 @@ def from_tfrecords(pattern, parse, batch_size, *, training, seed=0, deterministi
     if not files:
         raise UsageError(f"no files match {pattern}; check the path and the pattern")
     mine, every_nth = _assign(files, pattern)
-    counts, error = [], None
-    try:
-        counts = [_count_records(f) for f in mine]
-    except UsageError as e:
-        error = e
-    collectives.raise_together(error)
+    # The seed parse gets, as in the pipeline (only its shape matters here).
+    example_seed = tf.zeros([2], tf.int64) if training else None
+
+    def parsed(path, first_only=False):
+        records = tf.data.TFRecordDataset(path)
+        return _count(records.take(1) if first_only else records,
+                      lambda record: parse(record, example_seed))
+
+    counts, failure = _each_file(mine, lambda path: _count(tf.data.TFRecordDataset(path)))
+    if not failure:
+        _, failure = _each_file(mine, lambda path: parsed(path, first_only=True))
+    collectives.raise_together(failure and UsageError(tfrecord_problem(*failure)))
 
     def records(paths):
         return paths.interleave(tf.data.TFRecordDataset, cycle_length=min(len(mine), 16),
                                 num_parallel_calls=tf.data.AUTOTUNE,
                                 deterministic=deterministic)
 
-    return _pipeline(tf.constant(mine), sum(counts), records, parse, batch_size, training,
-                     seed, deterministic, cache, every_nth)
+    def explain(error):
+        _, found = _each_file(mine, parsed)
+        return found and tfrecord_problem(*found)
+
+    dataset = _pipeline(tf.constant(mine), int(sum(counts)), records, parse, batch_size, training,
+                        seed, deterministic, cache, every_nth)
+    return dataclasses.replace(dataset, explain=explain)
+
+
+def tfrecord_problem(path, error):
+    """The line for TFRecord file `path` whose reading or parsing raised `error`."""
+    damage = re.search(r"(truncated|corrupted) record at (\d+)", error.message)
+    if isinstance(error, tf.errors.DataLossError) and damage:
+        if damage.group(1) == "truncated":
+            return (f"TFRecord file {path} is truncated (it ends inside the record at byte "
+                    f"{damage.group(2)}); replace it with a complete copy or remove it")
+        what = ("not a TFRecord file" if "Is this even a TFRecord file" in error.message
+                else f"a checksum fails at byte {damage.group(2)}")
+        return f"TFRecord file {path} is corrupt ({what}); replace or remove it"
+    return (f"TFRecord file {path} has a record the recipe's parse function cannot read "
+            f"({input_errors.reason(error)}); check that the files hold the features it parses")
 
 
 def from_image_folder(root, batch_size, *, training, image_size=None, seed=0,
@@ -68,18 +99,13 @@ def from_image_folder(root, batch_size, *, training, image_size=None, seed=0,
                          f"{root}/<class>/<image>.jpg or .png")
     mine, every_nth = _assign(files, str(root))
     paths, labels = zip(*mine)
-    first_size = tf.shape(_decode(files[0][0]))[:2]
+    collectives.raise_together(_check_headers(paths, files[0][0], image_size is None))
 
     def decoded(entries):
         def load(path, label):
             image = _decode(path)
             if image_size is not None:
                 image = tf.cast(tf.image.resize(image, image_size), tf.uint8)
-                return {"image": image, "label": label}
-            tf.debugging.assert_equal(
-                tf.shape(image)[:2], first_size, message=(
-                    "hvdtrain: images of different sizes (the first is "
-                    f"{files[0][0]}); pass --image_size=HEIGHT,WIDTH to resize them"))
             return {"image": image, "label": label}
         return entries.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
 
@@ -88,8 +114,41 @@ def from_image_folder(root, batch_size, *, training, image_size=None, seed=0,
             return preprocess(item["image"], item["label"], seed)
         return item["image"], item["label"]
 
-    return _pipeline((tf.constant(paths), tf.constant(labels, tf.int64)), len(mine), decoded,
-                     parse, batch_size, training, seed, deterministic, cache, every_nth)
+    def explain(error):
+        _, found = _each_file(paths, lambda path: tf.shape(_decode(path)))
+        return found and _corrupt_image(found[0], input_errors.reason(found[1]))
+
+    dataset = _pipeline((tf.constant(paths), tf.constant(labels, tf.int64)), len(mine),
+                        decoded, parse, batch_size, training, seed, deterministic, cache,
+                        every_nth)
+    return dataclasses.replace(dataset, explain=explain)
+
+
+def _check_headers(paths, first, one_size):
+    """The UsageError for the first of `paths` whose header is not a whole
+    image's or, with `one_size`, gives another size than `first`'s; None if none."""
+    expected = None
+    for path in ([first] if one_size else []) + list(paths):
+        try:
+            height, width = image_headers.size(path)
+        except image_headers.BadImage as e:
+            return UsageError(_corrupt_image(path, str(e)))
+        except OSError as e:
+            return UsageError(f"cannot read image {path} ({e.strerror}); check that it exists "
+                              "and is readable")
+        if expected is None:
+            expected = (height, width)
+        elif one_size and (height, width) != expected:
+            return UsageError(
+                f"images of different sizes: {path} is {height}x{width} (height x width), the "
+                f"first, {first}, is {expected[0]}x{expected[1]}; resize the files to one size, "
+                "or have the recipe resize them with "
+                "from_image_folder(..., image_size=(HEIGHT, WIDTH))")
+    return None
+
+
+def _corrupt_image(path, reason):
+    return f"corrupt image {path} ({reason}); replace or remove it"
 
 
 def _assign(files, source):
@@ -102,13 +161,31 @@ def _assign(files, source):
     return files, True
 
 
-def _count_records(path):
-    try:
-        return int(tf.data.TFRecordDataset(path).reduce(tf.constant(0, tf.int64),
-                                                        lambda n, _: n + 1))
-    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-        raise UsageError(f"corrupt TFRecord file {path} ({e.message.splitlines()[0]}); "
-                         "replace or remove it")
+def _count(records, parse=None):
+    """The number of `records` (a dataset), each parsed first with `parse`."""
+    if parse is not None:
+        records = records.map(parse)
+    return records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
+
+
+def _each_file(paths, compute):
+    """([compute(path) for path in paths], None), computed in parallel by
+    tf.data (compute: a path tensor -> a tensor); or (None, (path, error))
+    for the first path it fails on."""
+    done = tf.data.Dataset.from_tensor_slices(list(paths)).enumerate().map(
+        lambda i, path: (i, compute(path)), num_parallel_calls=tf.data.AUTOTUNE
+    ).ignore_errors().batch(1024)
+    values = {int(i): value for indices, batch in done.as_numpy_iterator()
+              for i, value in zip(indices, batch)}
+    results = []
+    for i, path in enumerate(paths):
+        if i not in values:  # again on its own, for its error
+            try:
+                values[i] = next(iter(tf.data.Dataset.from_tensors(path).map(compute))).numpy()
+            except tf.errors.OpError as e:
+                return None, (path, e)
+        results.append(values[i])
+    return results, None
 
 
 def _decode(path):

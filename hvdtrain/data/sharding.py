@@ -32,6 +32,9 @@ class ShardedDataset:
     steps: int          # batches per epoch on this worker
     examples: int       # examples in the whole split
     dropped: int        # training: examples no worker reads in an epoch
+    # error (a tf.errors.OpError raised fetching a batch) -> a line naming the
+    # input to blame and the fix, or None: set by sources that can find it.
+    explain: object = None
 
     def for_epochs(self, epochs, initial_epoch=0):
         """The batches of epochs initial_epoch .. epochs - 1, one after the

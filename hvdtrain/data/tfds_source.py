@@ -7,6 +7,7 @@ files, each worker reads an even example-level subsplit instead, with a
 warning.
 """
 
+import dataclasses
 import textwrap
 
 import horovod.tensorflow as hvd
@@ -15,7 +16,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from hvdtrain import collectives, runtime
-from hvdtrain.data import sharding
+from hvdtrain.data import input_errors, sharding
 from hvdtrain.errors import UsageError
 
 
@@ -58,17 +59,33 @@ def from_tfds(name, split, batch_size, *, training, preprocess, data_dir=None, s
                 input_context=context, shuffle_seed=sharding.epoch_seed(seed, epoch),
                 options=options))
 
+    def explain(error):
+        return _explain(builder, split, error)
+
     if not training:
-        return sharding.evaluation(
+        return dataclasses.replace(sharding.evaluation(
             lambda epoch: sharding.preprocessed(read(False, 0), preprocess, deterministic),
-            shard_examples, info.num_examples, batch_size)
+            shard_examples, info.num_examples, batch_size), explain=explain)
     shuffled = sharding.shuffled_epochs(lambda: read(False, 0), lambda epoch: read(True, epoch),
                                         shard_examples, seed, cache)
 
     def examples(epoch):
         return sharding.preprocessed(shuffled(epoch), preprocess, deterministic, seed, epoch)
 
-    return sharding.training(examples, shard_examples, info.num_examples, batch_size, size)
+    return dataclasses.replace(
+        sharding.training(examples, shard_examples, info.num_examples, batch_size, size),
+        explain=explain)
+
+
+def _explain(builder, split, error):
+    """The line for `error`, raised reading `split` of the prepared `builder`."""
+    reason = input_errors.reason(error)
+    rebuild = f"tfds build {builder.name} --data_dir={builder.data_dir_root} --overwrite"
+    if isinstance(error, tf.errors.DataLossError):  # its files, cut short or damaged
+        return (f"TFDS dataset {builder.name} has a damaged file in {builder.data_dir} "
+                f"({reason}); prepare it again: {rebuild}")
+    return (f"reading TFDS dataset {builder.name} split {split} failed ({reason}); check the "
+            f"recipe's preprocessing, or if the dataset's files are damaged: {rebuild}")
 
 
 def prepare(name, data_dir=None):

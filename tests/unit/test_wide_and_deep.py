@@ -117,6 +117,18 @@ def test_records_off_the_schema_are_named_by_file(tmp_path, bad, message):
     with pytest.raises(UsageError, match=message) as error:
         wide_and_deep.check_records([str(good), str(broken)])
     assert str(broken) in str(error.value) and "\n" not in str(error.value)
+    assert "node" not in str(error.value) and "{{" not in str(error.value)
+
+
+def test_a_truncated_file_is_called_truncated_not_off_the_schema(tmp_path):
+    hvdtrain.init()
+    cut = tmp_path / "train-0.tfrecord"
+    write_records(cut, [GOOD] * 3)
+    cut.write_bytes(cut.read_bytes()[:-5])
+    with pytest.raises(UsageError) as error:
+        wide_and_deep.check_records([str(cut)])
+    assert str(error.value) == (f"TFRecord file {cut} is truncated (it ends inside the record "
+                                "at byte 218); replace it with a complete copy or remove it")
 
 
 def test_model_reloads_with_its_hashing(tmp_path):
