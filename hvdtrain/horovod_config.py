@@ -171,6 +171,11 @@ def _unknown(key, schema, prefix):
 
 
 def _check_consistency(path, config):
+    timeline = config.get("timeline") or {}
+    if timeline.get("mark_cycles") and not timeline.get("filename"):
+        raise UsageError(f"{path}: 'timeline.mark_cycles' does nothing without "
+                         "'timeline.filename' (horovodrun records no timeline then); "
+                         "add the file name, or remove mark_cycles")
     stall = config.get("stall_check") or {}
     warning = stall.get("warning_time_seconds", 60)
     shutdown = stall.get("shutdown_time_seconds", 0)

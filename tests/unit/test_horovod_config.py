@@ -68,6 +68,8 @@ def _write(tmp_path, text):
     ("stall_check:\n  warning_time_seconds: 60\n  shutdown_time_seconds: 30\n",
      "'stall_check.shutdown_time_seconds' (30) is below 'warning_time_seconds' (60), so "
      "Horovod would never shut down"),
+    ("timeline:\n  mark_cycles: true\n",
+     "'timeline.mark_cycles' does nothing without 'timeline.filename'"),
     # The file's shape.
     ("params: 64\n", "'params' must be a section of keys (fusion_threshold_mb"),
     ("params:\n  - a\n  b: [\n", "is not valid YAML at line"),
