@@ -39,7 +39,7 @@ import tensorflow as tf
 from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError
 
-from hvdtrain import collectives, resume, runtime
+from hvdtrain import collectives, resume, runtime, watchdog
 from hvdtrain.checkpoint import Position
 from hvdtrain.errors import UsageError, lost_peer
 
@@ -126,8 +126,10 @@ def run(func):
 
 
 def _reset():
-    hvd.shutdown()
-    hvd.init()
+    # The elastic driver bounds the wait for workers (horovodrun --elastic-timeout).
+    with watchdog.paused("restarting with the new workers"):
+        hvd.shutdown()
+        hvd.init()
     # Ranks can change (the old rank 0 may be gone).
     runtime.set_log_verbosity()
 

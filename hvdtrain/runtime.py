@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from hvdtrain import launcher_watch, watchdog
 from hvdtrain.errors import UsageError
 
 rank = hvd.rank
@@ -41,6 +42,8 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
       stall_timeout: seconds after which Horovod's stall check shuts all
         ranks down when some rank stopped submitting tensors (it waits
         forever otherwise); unless set in the environment (or horovodrun's).
+        hvdtrain's watchdog, from here to `stop_watching()`, ends the job
+        after 3 times that without progress on some rank (watchdog.progress).
       timeline: allow Horovod's timeline to be started and stopped during
         training (hvd.start_timeline), which Horovod decides at init.
       verbose_all_ranks: every rank logs its progress, not only rank 0.
@@ -58,7 +61,14 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
         if recording != "DYNAMIC":
             raise UsageError(f"horovodrun already records a timeline to {recording} for the "
                              "whole run; drop --timeline_steps or horovodrun's --timeline-filename")
+    if stall_timeout:
+        # Well after Horovod's stall check (told stall_timeout), where that can act.
+        watchdog.start(3 * stall_timeout, watchdog.Board.from_environment())
     hvd.init(comm=comm, process_sets=process_sets)
+    watchdog.progress("setting up")
+    if stall_timeout and hvd.size() > 1 and watchdog.Board.from_environment() is None:
+        watchdog.use_board(watchdog.serve_board())
+    launcher_watch.start(hvd.rank())
     gpu = pin_gpu()
     _set_threads(intra_op_threads or default_intra_op_threads(), inter_op_threads)
     if precision is not None:
@@ -71,6 +81,11 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
                                     details.get("compute_capability"), details.get("device_name"))
         if warning and is_main_process():
             logging.warning(warning)
+
+
+def stop_watching():
+    """Ends the watchdog init started: the run is over."""
+    watchdog.stop()
 
 
 def set_log_verbosity():

@@ -12,14 +12,14 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from hvdtrain import callbacks, collectives, elastic, export, resume, run_log, runtime, throughput
+from hvdtrain import (callbacks, collectives, elastic, export, resume, run_lock, run_log, runtime,
+                      throughput, watchdog)
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.checkpoint import Position
 from hvdtrain.compression import Compression
 from hvdtrain.data import input_errors
 from hvdtrain.evaluation import ExactEvaluation
 from hvdtrain.optimizer import DistributedOptimizer
-from hvdtrain.watchdog import StallWatchdog
 
 COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16, "bf16": Compression.bf16}
 
@@ -47,8 +47,17 @@ def train(config):
     runtime.init(config.intra_op_threads, config.inter_op_threads, precision=config.precision,
                  stall_timeout=config.stall_timeout, timeline=bool(config.timeline_steps),
                  verbose_all_ranks=config.verbose_all_ranks)
-    keras.utils.set_random_seed(config.seed)
+    model_dir = pathlib.Path(config.model_dir or pathlib.Path("runs", recipe.name))
+    try:
+        return _train(config, recipe, model_dir)
+    finally:
+        run_lock.release(model_dir)
+        runtime.stop_watching()
 
+
+def _train(config, recipe, model_dir):
+    keras.utils.set_random_seed(config.seed)
+    watchdog.progress("building the model")
     model = recipe.build_model(config)
     optimizer = DistributedOptimizer(
         _optimizer(config, config.learning_rate * hvd.size()),
@@ -62,7 +71,6 @@ def train(config):
     # XLA cannot hold Horovod's collectives; Keras would pick it on GPUs.
     model.compile(optimizer=optimizer, loss=recipe.loss, metrics=metrics,
                   jit_compile=False)
-    model_dir = pathlib.Path(config.model_dir or pathlib.Path("runs", recipe.name))
 
     if elastic.launched():
         state = elastic.KerasState(model, position=None)
@@ -70,6 +78,7 @@ def train(config):
     else:
         result = _train_from(None, model, recipe, config, model_dir)
     if config.export and runtime.is_main_process():
+        watchdog.progress("exporting the model")
         export.export(model, model_dir)
     return result
 
@@ -85,6 +94,7 @@ def _train_from(state, model, recipe, config, model_dir):
     scaled learning rate, the callbacks (warm-up, checkpoints).
     """
     # Sharded by the current rank and size, with the steps agreed between them.
+    watchdog.progress("loading data")
     splits = recipe.load_data(config)
     train_data, validation_data = splits.train, splits.validation
     steps = train_data.steps
@@ -95,12 +105,13 @@ def _train_from(state, model, recipe, config, model_dir):
 
     checkpoints = model_dir / "checkpoints"
     restarted = state is not None and state.position is not None
+    watchdog.progress("finding where to start")
     epoch, step = _starting_point(state, model, config, checkpoints, steps)
     learning_rate = config.learning_rate * hvd.size()
     if epoch + step / steps >= config.warmup_epochs:
         # Past warm-up only a schedule sets the rate: scale it for the workers there are now.
         model.optimizer.learning_rate = learning_rate
-    fit_callbacks, saver, watchdog, meter, log = _callbacks(
+    fit_callbacks, saver, meter, log = _callbacks(
         state, config, model_dir, learning_rate, steps,
         validation_data.steps if validation_data else None)
     log.start(config, (epoch, step), resumed=config.resume or restarted)
@@ -114,11 +125,7 @@ def _train_from(state, model, recipe, config, model_dir):
         if error is None:
             raise
         raise error from None
-    finally:
-        if watchdog:
-            # Keras skips on_train_end when fit raises: a restart (lost worker)
-            # must not leave it watching a fit that is over.
-            watchdog.on_train_end()
+    watchdog.progress("ending training")
     seconds = time.perf_counter() - start
     measurement = meter.measurement()
     log.end(measurement, seconds)
@@ -160,11 +167,12 @@ def _starting_point(state, model, config, checkpoints, steps):
 
 def _callbacks(state, config, model_dir, learning_rate, steps, validation_steps):
     """The callbacks of one start, in the order they must run; also its
-    checkpoint saver, watchdog, throughput meter and run log."""
+    checkpoint saver, throughput meter and run log."""
     # First: its timing then leaves out the other callbacks' work between steps.
     meter = throughput.Throughput(config.batch_size, config.throughput_warmup_steps,
                                   config.throughput_window_steps)
-    fit_callbacks = [meter, callbacks.BroadcastGlobalVariablesCallback(root_rank=0)]
+    fit_callbacks = [meter, watchdog.Progress(),
+                     callbacks.BroadcastGlobalVariablesCallback(root_rank=0)]
     if validation_steps:
         # Validation metrics: exact over the whole split.
         fit_callbacks.append(ExactEvaluation(validation_steps))
@@ -195,34 +203,32 @@ def _callbacks(state, config, model_dir, learning_rate, steps, validation_steps)
         first, last = config.timeline_window()
         fit_callbacks.append(callbacks.HorovodTimeline(model_dir / "timeline.json", first, last,
                                                        steps))
-    watchdog = None
-    if config.stall_timeout:
-        # Well after Horovod's stall check (told stall_timeout), where that can act.
-        watchdog = StallWatchdog(3 * config.stall_timeout)
-        fit_callbacks.append(watchdog)
     if state is not None:
         # Last: an epoch's end is committed after the work done there (checkpoint).
         fit_callbacks += [elastic.UpdatePositionStateCallback(state, steps, config.batch_size),
                           elastic.CommitStateCallback(state, config.elastic_commit_steps)]
-    return fit_callbacks, saver, watchdog, meter, log
+    return fit_callbacks, saver, meter, log
 
 
 def _fit(model, data, validation, fit_callbacks, config, epoch, step):
     """Trains from batch `step` of `epoch` to the end; returns the history."""
-    common = dict(validation_data=validation.batches() if validation else None,
+    # Counted: the watchdog tells a rank waiting for its input from one waiting for its peers.
+    common = dict(validation_data=watchdog.counted(validation.batches()) if validation else None,
                   verbose=_verbosity(config), shuffle=False)  # the pipeline shuffles
     histories = []
     if step:
         # The rest of an epoch a checkpoint or an elastic restart cut: its
         # own fit, shown to the callbacks as the whole epoch.
         histories.append(model.fit(
-            data.rest_of_epoch(epoch, step), epochs=epoch + 1, initial_epoch=epoch,
+            watchdog.counted(data.rest_of_epoch(epoch, step)), epochs=epoch + 1,
+            initial_epoch=epoch,
             steps_per_epoch=data.steps - step,
             callbacks=[resume.ContinuedEpoch(c, step) for c in fit_callbacks], **common))
         epoch += 1
     if epoch < config.epochs:
         histories.append(model.fit(
-            data.for_epochs(config.epochs, epoch), epochs=config.epochs, initial_epoch=epoch,
+            watchdog.counted(data.for_epochs(config.epochs, epoch)), epochs=config.epochs,
+            initial_epoch=epoch,
             steps_per_epoch=data.steps, callbacks=fit_callbacks, **common))
     merged = {}
     for history in histories:

@@ -1,7 +1,7 @@
 """A fault on one rank ends every rank promptly with that rank's message: a
-non-finite loss (--nan_policy=fail), and an input pipeline that hangs
-(Horovod's stall check, told by hvdtrain to shut down, or hvdtrain's
-watchdog ends the job)."""
+non-finite loss (--nan_policy=fail), and a rank that hangs, in its input
+pipeline or before training (Horovod's stall check, told by hvdtrain to shut
+down, or hvdtrain's watchdog ends the job, naming the hung rank)."""
 
 import numpy as np
 
@@ -22,6 +22,10 @@ def _train(tmp_path, controller, fault, *flags, env=None):
 def _errors(result):
     return [(rank, text) for rank, text in rank_lines(result.stdout + result.stderr)
             if text.startswith("hvdtrain: error:")]
+
+
+def _errors_text(result):
+    return [text for _, text in _errors(result)]
 
 
 def test_a_nan_loss_on_one_rank_ends_every_rank_with_its_message(tmp_path, controller):
@@ -59,8 +63,23 @@ def test_a_hung_worker_ends_the_job(tmp_path, controller):
     if controller == "mpi":
         # Horovod's stall check shuts down, naming the rank that submitted no tensors.
         assert "Missing ranks:" in output and "1!: [" in output, output[-3000:]
-    # Else hvdtrain's watchdog ends the waiting rank 0.
-    assert any(text.startswith(("hvdtrain: error: stopped because another worker failed or "
-                                "stopped responding", "hvdtrain: error: rank 0 made no "
-                                "progress for 18 s"))
-               for rank, text in _errors(result) if rank == 0), output[-3000:]
+        assert any(text.startswith("hvdtrain: error: stopped because another worker failed or "
+                                   "stopped responding")
+                   for rank, text in _errors(result) if rank == 0), output[-3000:]
+    else:
+        # hvdtrain's watchdog ends the job, naming the rank whose input hangs.
+        assert any(text.startswith("hvdtrain: error: no progress for 18 s: rank 1 stopped "
+                                   "making progress (rank 1 on ")
+                   and ": training epoch 2, step 6, idle " in text
+                   and "; rank 0 waits for it in a collective" in text
+                   for text in _errors_text(result)), output[-3000:]
+
+
+def test_a_rank_hung_before_training_is_named_and_ends_the_job(tmp_path):
+    # Horovod's stall check never acts under Gloo; the watchdog (3 x 2 s) does.
+    result = _train(tmp_path, "gloo", "hang_loading", "--stall_timeout=2")
+    assert result.returncode != 0
+    assert any(text.startswith("hvdtrain: error: no progress for 6 s: rank 1 stopped making "
+                               "progress (rank 1 on ") and ": loading data, idle " in text
+               and "; rank 0 waits for it in a collective; stopping the job" in text
+               for text in _errors_text(result)), (result.stdout + result.stderr)[-3000:]

@@ -1,7 +1,8 @@
 """A test recipe: a small MLP on two Gaussian blobs, with a fault injected
 on one rank from a given batch of a given epoch on, as the environment says:
 FAULT=nan (that rank's features become NaN) or FAULT=hang (that rank's input
-pipeline blocks), FAULT_RANK, FAULT_EPOCH and FAULT_STEP (0-based)."""
+pipeline blocks), FAULT_RANK, FAULT_EPOCH and FAULT_STEP (0-based); or before
+training, FAULT=hang_loading (that rank never finishes loading its data)."""
 
 import dataclasses
 import os
@@ -45,9 +46,12 @@ def _faulty(batches):
 
 
 def load_data(config):
+    faulty = os.environ.get("FAULT") and hvd.rank() == int(os.environ.get("FAULT_RANK", 1))
+    if faulty and os.environ["FAULT"] == "hang_loading":
+        _hang(None)
     read = dict(batch_size=config.batch_size, seed=config.seed)
     train = data.from_arrays(_blobs(512, 0), training=True, **read)
-    if os.environ.get("FAULT") and hvd.rank() == int(os.environ.get("FAULT_RANK", 1)):
+    if faulty:
         train = dataclasses.replace(train, batches=_faulty(train.batches))
     return Splits(train=train, validation=data.from_arrays(_blobs(128, 1), training=False, **read))
 

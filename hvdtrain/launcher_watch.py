@@ -1,0 +1,90 @@
+"""Ends a worker whose launcher is gone.
+
+`horovodrun --mpi` replaces itself with `/bin/sh -c "mpirun ..."`: killing
+horovodrun (SIGTERM or SIGKILL) kills that shell only, and mpirun and its
+workers, no longer supervised by anyone, would train on to the end and keep
+writing the model directory. So a worker watches the processes that launched
+it: its parent (mpirun, or on other hosts MPI's daemon, which exits with
+mpirun; horovodrun's shell under Gloo) and, when the parent is an MPI
+launcher run by a `sh -c` (horovodrun's, or a wrapper script's), that shell.
+When one of them is gone (the worker or the launcher was re-parented), the
+worker exits non-zero within a second; mpirun then stops the job's other
+workers, on every host. An interactive shell that started mpirun (e.g. under
+nohup) is not watched: leaving it is no reason to stop.
+"""
+
+import os
+import sys
+import threading
+
+_MPI_LAUNCHERS = {"mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra"}
+_LAUNCHED_BY = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+_CHECK_SECONDS = 1.0
+
+
+def start(rank):
+    """Watches this worker's launchers from a thread, if a launcher started it."""
+    if not any(name in os.environ for name in _LAUNCHED_BY):
+        return
+    chain = launch_chain(os.getpid())
+    if chain:
+        threading.Thread(target=_watch, args=(rank, chain), name="hvdtrain-launcher-watch",
+                         daemon=True).start()
+
+
+def launch_chain(pid):
+    """[(process, its parent)] to watch for `pid`: its parent, and the
+    parent's shell when the parent is an MPI launcher run by `sh -c`."""
+    parent = _parent(pid)
+    if parent is None or parent <= 1:
+        return []
+    chain = [(pid, parent)]
+    launcher, shell = _argv(parent), _parent(parent)
+    if (launcher and os.path.basename(launcher[0]) in _MPI_LAUNCHERS and shell and shell > 1
+            and _is_sh_c(_argv(shell))):
+        chain.append((parent, shell))
+    return chain
+
+
+def gone(chain):
+    """The first launcher in `chain` that is gone, or None."""
+    for child, parent in chain:
+        if _parent(child) != parent:
+            return parent
+    return None
+
+
+def _watch(rank, chain):
+    stop = threading.Event()
+    while not stop.wait(_CHECK_SECONDS):
+        launcher = gone(chain)
+        if launcher is not None:
+            sys.stderr.write(f"hvdtrain: error: rank {rank}: the launcher (pid {launcher}) is "
+                             "gone; stopping this worker\n")
+            sys.stderr.flush()
+            os._exit(1)
+
+
+def _parent(pid):
+    """`pid`'s parent; None if it is gone. Without /proc only our own is known."""
+    if pid == os.getpid():
+        return os.getppid()
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            # The command name (in parentheses) may hold spaces: read after it.
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else int(fields[1])
+
+
+def _argv(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _is_sh_c(argv):
+    return len(argv) > 2 and os.path.basename(argv[0]) in ("sh", "bash", "dash") and argv[1] == "-c"
