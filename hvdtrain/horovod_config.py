@@ -11,6 +11,7 @@ was given.
 """
 
 import argparse
+import collections.abc
 import dataclasses
 import difflib
 import math
@@ -137,6 +138,8 @@ class _StrictLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
+            if not isinstance(key, collections.abc.Hashable):
+                continue            # the safe loader's own error names it
             if key in lines:
                 raise _DuplicateKey(f"'{key}' is given twice (lines {lines[key]} and {line}) and "
                                     "YAML keeps only the last; merge the two")
@@ -148,7 +151,7 @@ def _check_mapping(path, mapping, schema, prefix):
     for key, value in mapping.items():
         name = f"{prefix}{key}"
         if key not in schema:
-            raise UsageError(f"{path}: {_unknown(key, schema, prefix)}")
+            raise UsageError(f"{path}: {_unknown(key, value, schema, prefix)}")
         expected = schema[key]
         if isinstance(expected, dict):
             if value is None:       # a section whose keys are all commented out
@@ -161,12 +164,12 @@ def _check_mapping(path, mapping, schema, prefix):
             raise UsageError(f"{path}: '{name}' {problem}")
 
 
-def _unknown(key, schema, prefix):
+def _unknown(key, value, schema, prefix):
     """`key` is not in `schema`: which key was probably meant."""
-    what = "key" if prefix else "section"
+    what = "section" if not prefix and (value is None or isinstance(value, dict)) else "key"
     close = difflib.get_close_matches(str(key), list(schema), n=1)
     hint = (f"did you mean '{prefix}{close[0]}'?" if close else
-            f"the {what}s known {f'in {prefix[:-1]}' if prefix else 'here'}: {', '.join(schema)}")
+            f"known {f'in {prefix[:-1]}' if prefix else 'at the top level'}: {', '.join(schema)}")
     return f"unknown {what} '{prefix}{key}', which horovodrun ignores; {hint}"
 
 

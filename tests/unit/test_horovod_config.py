@@ -32,10 +32,12 @@ def _write(tmp_path, text):
      "did you mean 'params.fusion_threshold_mb'?"),
     ("stall:\n  enabled: true\n",
      "unknown section 'stall', which horovodrun ignores; did you mean 'stall_check'?"),
-    ("params:\n  speed: 3\n", "unknown key 'params.speed', which horovodrun ignores; the keys "
-     "known in params: fusion_threshold_mb, cycle_time_ms, cache_capacity"),
-    ("verbosity: 3\n", "unknown section 'verbosity', which horovodrun ignores; the sections "
-     "known here: controller, params, autotune"),
+    ("params:\n  speed: 3\n", "unknown key 'params.speed', which horovodrun ignores; known in "
+     "params: fusion_threshold_mb, cycle_time_ms, cache_capacity"),
+    ("verbosity:\n  level: 3\n", "unknown section 'verbosity', which horovodrun ignores; known "
+     "at the top level: controller, params, autotune"),
+    ("contoller: gloo\n",
+     "unknown key 'contoller', which horovodrun ignores; did you mean 'controller'?"),
     # Values of the wrong type: horovodrun fails with a traceback on some, and
     # passes the others on to the workers as they are.
     ("params:\n  fusion_threshold_mb: '64'\n",
@@ -78,6 +80,7 @@ def _write(tmp_path, text):
     ("params:\n  cycle_time_ms: 1\nlogging:\n  level: INFO\nparams:\n  cache_capacity: 8\n",
      "'params' is given twice (lines 1 and 5) and YAML keeps only the last; merge the two"),
     ("params:\n  cycle_time_ms: 1\n  cycle_time_ms: 2\n", "'cycle_time_ms' is given twice"),
+    ("? [a, b]\n: 1\n", "is not valid YAML at line 1"),
 ])
 def test_mistakes_are_named(tmp_path, text, message):
     with pytest.raises(UsageError) as error:
