@@ -211,3 +211,36 @@ def test_the_doctor_reports_a_config_with_an_empty_section(tmp_path):
     from hvdtrain import doctor
     rows = dict(doctor._config(_write(tmp_path, "params:\n  # fusion_threshold_mb: 64\n")))
     assert rows["file"].endswith("horovodrun.cfg (valid)")
+
+
+def test_whatever_check_accepts_horovodrun_accepts(tmp_path, monkeypatch):
+    # Every key of the schema with values good and bad, one at a time: each
+    # config check() passes must go through horovodrun's own parsing,
+    # validation and conversion to the workers' environment.
+    import copy
+    import logging
+    from horovod.runner import launch
+    from horovod.runner.common.util import config_parser
+    monkeypatch.setattr("sys.argv", ["horovodrun", "-np", "1", "true"])
+    defaults = launch.parse_args()
+    values = [None, True, False, 0, -1, 1, 2.5, -0.5, float("nan"), float("inf"), "x", "gloo",
+              "Mpi", "WARNING", "info", 10**20]
+    configs = [{name: value} for name, keys in horovod_config.SCHEMA.items()
+               if not isinstance(keys, dict) for value in values]
+    configs += [{name: {key: value}} for name, keys in horovod_config.SCHEMA.items()
+                if isinstance(keys, dict) for key in keys for value in values]
+    accepted = 0
+    for config in configs:
+        try:
+            horovod_config.check(_write(tmp_path, yaml.safe_dump(config)))
+        except UsageError:
+            continue
+        args = copy.deepcopy(defaults)
+        args.use_gloo = args.use_mpi = False
+        config_parser.set_args_from_config(args, config, set())
+        config_parser.validate_config_args(args)
+        config_parser.set_env_from_args({}, args)
+        if args.log_level:      # horovodrun hands it to Python's logging
+            assert isinstance(logging.getLevelName(args.log_level), int), config
+        accepted += 1
+    assert accepted > 40, accepted
