@@ -1,7 +1,8 @@
 """A test recipe: a small MLP on two Gaussian blobs, with a fault injected
 on one rank from a given batch of a given epoch on, as the environment says:
-FAULT=nan (that rank's features become NaN) or FAULT=hang (that rank's input
-pipeline blocks), FAULT_RANK, FAULT_EPOCH and FAULT_STEP (0-based); or before
+FAULT=nan (that rank's features become NaN), FAULT=hang (that rank's input
+pipeline blocks) or FAULT=pause (it blocks until the file FAULT_RESUME
+exists), FAULT_RANK, FAULT_EPOCH and FAULT_STEP (0-based); or before
 training, FAULT=hang_loading (that rank never finishes loading its data)."""
 
 import dataclasses
@@ -29,13 +30,20 @@ def _hang(x):
     return x
 
 
+def _pause(x):
+    while not os.path.exists(os.environ["FAULT_RESUME"]):
+        time.sleep(0.1)
+    return x
+
+
 def _faulty(batches):
     fault, step = os.environ["FAULT"], int(os.environ.get("FAULT_STEP", 0))
 
     def fail(features):
         if fault == "nan":
             return features * np.float32("nan")
-        return tf.ensure_shape(tf.py_function(_hang, [features], tf.float32), features.shape)
+        block = _pause if fault == "pause" else _hang
+        return tf.ensure_shape(tf.py_function(block, [features], tf.float32), features.shape)
 
     def broken(i, batch):
         features, labels = batch
