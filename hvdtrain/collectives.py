@@ -5,9 +5,20 @@ variables; these helpers broadcast the values inside one tf.function (so
 Horovod negotiates them together) and assign them on every rank.
 """
 
+import contextlib
+
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+
+
+def root_name_scope():
+    """The graph's top-level name scope while tracing (nothing when eager).
+    Horovod keys a collective by its op's full name, and an enclosing name
+    scope can hold names that differ between ranks (a model's or layer's)."""
+    if tf.executing_eagerly():
+        return contextlib.nullcontext()
+    return tf.compat.v1.get_default_graph().name_scope(None)
 
 
 def broadcast_variables(variables, root_rank=0):

@@ -18,7 +18,13 @@ gradients to local accumulators (optimizer variables, so they are saved and
 broadcast with the rest of its state) and reduces and applies them once
 every N calls: N times less communication. With
 `average_aggregated_gradients=True` the update equals one step on an N-times
-larger batch; otherwise the N gradients are summed, as in Horovod.
+larger batch; otherwise the N gradients are summed, as in Horovod. As in
+Horovod (and Keras's own gradient_accumulation_steps), `iterations` counts
+every call, so a LearningRateSchedule advances per batch.
+
+Local variables (`register_local_var`, PartialDistributedOptimizer's
+`local_layers`) keep each rank's own gradients; with scale_local_gradients
+these are divided by the number of processes, as Horovod does.
 """
 
 import functools
@@ -29,7 +35,7 @@ import tensorflow as tf
 
 from hvdtrain.compression import Compression
 from hvdtrain.errors import UsageError
-from hvdtrain.reduction import GradientReducer
+from hvdtrain.reduction import GradientReducer, LocalVariables
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # noqa: N802
@@ -41,10 +47,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     """Horovod's `DistributedOptimizer`, for Keras 3 optimizers.
 
     Wrap the optimizer before its first update: the result is a new instance
-    made from `optimizer`'s config. `device_dense`, `device_sparse` and
-    `scale_local_gradients` are accepted for compatibility: hvdtrain keeps
-    tensors where TensorFlow put them and has no local (unreduced) variables.
-    `num_groups` is Horovod's older name for an integer `groups`.
+    made from `optimizer`'s config. `device_dense` and `device_sparse` are
+    accepted for compatibility: hvdtrain keeps tensors where TensorFlow put
+    them. `num_groups` is Horovod's older name for an integer `groups`.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError("DistributedOptimizer wraps a keras.optimizers.Optimizer, "
@@ -60,10 +65,35 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         op=op, compression=compression, sparse_as_dense=sparse_as_dense,
         gradient_predivide_factor=gradient_predivide_factor,
         groups=groups if groups is not None else (num_groups or None),
-        process_set=process_set),
+        process_set=process_set, scale_local_gradients=scale_local_gradients),
         backward_passes_per_step, average_aggregated_gradients)
     if name:
         distributed.name = name
+    return distributed
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # noqa: N802
+                                compression=Compression.none, sparse_as_dense=False,
+                                gradient_predivide_factor=1.0, op=hvd.Average, groups=None,
+                                process_set=hvd.global_process_set, local_layers=None,
+                                scale_local_gradients=True):
+    """Horovod's `PartialDistributedOptimizer`: a DistributedOptimizer whose
+    `local_layers` (a keras Layer or a list of them) keep their own
+    gradients on each rank."""
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise UsageError("PartialDistributedOptimizer: local_layers must be keras layers")
+    distributed = DistributedOptimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+        compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients)
+    for layer in local_layers:
+        for variable in layer.trainable_weights:
+            distributed.register_local_var(variable)
     return distributed
 
 
@@ -86,6 +116,8 @@ def configure(optimizer, reducer, backward_passes_per_step, average_aggregated_g
         raise UsageError("backward_passes_per_step > 1 needs an optimizer that has not "
                          "been built yet")
     optimizer._hvd_reducer = reducer
+    if "_hvd_local" not in optimizer.__dict__:
+        optimizer._hvd_local = LocalVariables()
     optimizer._hvd_passes = backward_passes_per_step
     optimizer._hvd_average_passes = average_aggregated_gradients
 
@@ -98,6 +130,13 @@ def rank_local_variables(optimizer):
     """The optimizer variables whose values differ between ranks: gradients
     being accumulated before their reduction."""
     return list(getattr(optimizer, "_hvd_accumulators", ()))
+
+
+def accumulated_only(optimizer):
+    """Whether the optimizer's last call only added gradients to its
+    accumulators (its `iterations` advanced, its weights did not)."""
+    return (is_distributed(optimizer) and optimizer._hvd_passes > 1
+            and int(optimizer._hvd_counter) != 0)
 
 
 def check_loss_scale_order(optimizer):
@@ -118,6 +157,11 @@ class _DistributedMixin:
     _hvd_passes = 1
     _hvd_average_passes = False
     _hvd_accumulators = ()
+    _hvd_local = LocalVariables()
+
+    def register_local_var(self, var):
+        """Keeps `var`'s gradient on each rank (Horovod's per-rank variables)."""
+        self._hvd_local.add(var)
 
     def build(self, variables):
         super().build(variables)
@@ -137,9 +181,10 @@ class _DistributedMixin:
             self.built = True
         _refuse_xla()
         self._hvd_reducer.check_runtime()
-        variables = list(trainable_variables) if trainable_variables is not None else None
+        variables = list(trainable_variables if trainable_variables is not None
+                         else self._trainable_variables)
         if self._hvd_passes == 1:
-            reduced = self._hvd_reducer(grads, variables)
+            reduced = self._hvd_reducer(grads, variables, self._hvd_local)
             return super().apply(_summed_duplicates(reduced), trainable_variables)
         return self._accumulate_then_apply(list(grads), variables, trainable_variables)
 
@@ -157,14 +202,18 @@ class _DistributedMixin:
             scale = 1.0 / self._hvd_passes if self._hvd_average_passes else 1.0
             summed = [None if g is None else a.value * scale
                       for a, g in zip(accumulators, grads)]
-            apply(self._hvd_reducer(summed, variables), trainable_variables)
+            apply(self._hvd_reducer(summed, variables, self._hvd_local), trainable_variables)
             for accumulator in accumulators:
                 accumulator.assign(tf.zeros_like(accumulator))
             self._hvd_counter.assign(0)
 
+        def count_the_call():
+            # Horovod counts every call; the applying one counts in `apply`.
+            self.iterations.assign_add(1)
+
         # The counter is the same on every rank, so all take the same branch
         # and the collectives inside stay paired.
-        tf.cond(self._hvd_counter >= self._hvd_passes, reduce_and_apply, lambda: None)
+        tf.cond(self._hvd_counter >= self._hvd_passes, reduce_and_apply, count_the_call)
 
 
 def _summed_duplicates(grads):

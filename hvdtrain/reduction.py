@@ -6,17 +6,54 @@ Dense gradients of an explicit group go through one `hvd.grouped_allreduce`
 has its own allreduce, and Horovod fuses those ready in the same cycle. Sparse
 gradients (tf.IndexedSlices, from embeddings) are allgathered, as Horovod
 does, unless `sparse_as_dense` turns them into dense tensors first.
+
+Horovod pairs the ranks' collectives by name. Left unnamed, each would be
+named after its gradient tensor, whose name holds layer names, and those
+differ between ranks whose models got other auto-generated names (a layer
+made first on one rank, a model loaded from a file on rank 0 only): every
+rank would wait forever. So each collective is named by what every rank
+shares: the reducer's place among the reducers this process traced, and the
+gradient's position (Horovod's `use_generic_names`).
 """
 
 import dataclasses
+import itertools
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvdtrain.collectives import root_name_scope
 from hvdtrain.compression import BF16Compressor, Compression
 from hvdtrain.errors import UsageError
 
 OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
+
+# Numbers the reducers in the order this process first reduces with them:
+# the same on every rank, as every rank runs the same steps.
+_REDUCER_NUMBERS = itertools.count()
+
+
+class LocalVariables:
+    """Variables whose gradients stay on each rank (Horovod's
+    `register_local_var`). A plain holder: Keras would track a list of
+    variables kept on an optimizer as its own state."""
+
+    def __init__(self, variables=()):
+        self._variables = {}
+        for variable in variables:
+            self.add(variable)
+
+    def add(self, variable):
+        self._variables[id(variable)] = variable
+
+    def __contains__(self, variable):
+        return id(variable) in self._variables
+
+    def __len__(self):
+        return len(self._variables)
+
+    def __iter__(self):
+        return iter(self._variables.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +68,11 @@ class GradientReducer:
     groups: None (no explicit groups: Horovod fuses dynamically), a number
       of groups of consecutive gradients, or lists of variables reduced
       together (every other variable then forms a group of its own).
-    process_set: the processes to reduce over.
+    process_set: the processes to reduce over; a rank outside it keeps its
+      own gradients, as in Horovod.
+    scale_local_gradients: divide the gradients of local variables (see
+      __call__) by the process set's size, as Horovod does, so that they
+      keep the scale of the averaged ones.
     """
     op: object = hvd.Average
     compression: type = Compression.none
@@ -39,6 +80,7 @@ class GradientReducer:
     gradient_predivide_factor: float = 1.0
     groups: object = None
     process_set: object = hvd.global_process_set
+    scale_local_gradients: bool = True
 
     def __post_init__(self):
         if self.op not in OPS.values():
@@ -67,20 +109,35 @@ class GradientReducer:
     def size(self):
         return self.process_set.size()
 
-    def __call__(self, grads, variables=None):
-        """Returns `grads` reduced across the process set (None stays None)."""
+    def __call__(self, grads, variables=None, local=()):
+        """Returns `grads` reduced across the process set (None stays None);
+        the gradients of the variables in `local` stay this rank's own."""
         grads = list(grads)
-        if self.size() == 1:
-            return grads
-        if self.sparse_as_dense:
-            grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-                     for g in grads]
-        present = [i for i, g in enumerate(grads) if g is not None]
+        if local and variables is None:
+            raise UsageError("local variables need the variables with the gradients")
+        kept = {i for i, v in enumerate(variables or ()) if v in local}
         reduced = list(grads)
-        for number, group in enumerate(self._split(present, variables)):
-            for i, g in zip(group, self._reduce_group([grads[i] for i in group], number)):
-                reduced[i] = g
+        shared = [i for i, g in enumerate(grads) if g is not None and i not in kept]
+        if shared and self.process_set.included() and self.size() > 1:
+            if self.sparse_as_dense:
+                grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+                         for g in grads]
+            prefix = f"hvdtrain.reducer{self._number()}"
+            with root_name_scope():
+                for group in self._split(shared, variables):
+                    name = f"{prefix}.grads{group[0]}"
+                    for i, g in zip(group, self._reduce_group([grads[i] for i in group],
+                                                              group, name)):
+                        reduced[i] = g
+        if kept and self.scale_local_gradients:
+            for i in kept:
+                reduced[i] = _divided(grads[i], self.size())
         return reduced
+
+    def _number(self):
+        if "_reducer_number" not in self.__dict__:
+            object.__setattr__(self, "_reducer_number", next(_REDUCER_NUMBERS))
+        return self._reducer_number
 
     def _split(self, indices, variables):
         if self.groups is None:
@@ -103,39 +160,58 @@ class GradientReducer:
         taken = {i for group in grouped for i in group}
         return [g for g in grouped if g] + [[i] for i in indices if i not in taken]
 
-    def _reduce_group(self, tensors, number):
+    def _reduce_group(self, tensors, positions, name):
         sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
         dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
         out = [None] * len(tensors)
-        if sparse:
-            # Allgathered values, divided by size for Average (Horovod's rule);
-            # pre/post-scaling does not apply to them.
-            op = hvd.Sum if self.op == hvd.Sum else hvd.Average
-            for i, t in zip(sparse, hvd.grouped_allreduce(
-                    [tensors[i] for i in sparse], op=op, process_set=self.process_set)):
-                out[i] = t
+        for i in sparse:
+            out[i] = self._allgather_sparse(tensors[i], f"{name}.sparse{positions[i]}")
         if dense:
-            for i, t in zip(dense, self._reduce_dense([tensors[i] for i in dense], number)):
+            for i, t in zip(dense, self._reduce_dense([tensors[i] for i in dense], name)):
                 out[i] = t
         return out
 
-    def _reduce_dense(self, tensors, number):
+    def _allgather_sparse(self, grad, name):
+        # Horovod's rule: values and indices allgathered, values divided by
+        # size for Average; pre/post-scaling does not apply to them. Done
+        # here because Horovod's own leaves these allgathers unnamed.
+        values = hvd.allgather(grad.values, name=f"{name}.values", ignore_name_scope=True,
+                               process_set=self.process_set)
+        indices = hvd.allgather(grad.indices, name=f"{name}.indices", ignore_name_scope=True,
+                                process_set=self.process_set)
+        if self.op != hvd.Sum:
+            values = values / tf.cast(self.size(), values.dtype)
+        return tf.IndexedSlices(values, indices, grad.dense_shape)
+
+    def _reduce_dense(self, tensors, name):
         if self.compression is BF16Compressor:
             return _bf16_allreduce(tensors, self.op == hvd.Average, self.process_set,
-                                   name=f"hvdtrain.bf16.{number}")
+                                   name=f"{name}.bf16")
         if self.op == hvd.Adasum:
             # One allreduce per tensor: Horovod 0.28.1's grouped_allreduce
             # fails on Adasum (a Python scoping bug); Horovod still fuses these.
             return [hvd.allreduce(t, op=hvd.Adasum, compression=self.compression,
-                                  process_set=self.process_set) for t in tensors]
+                                  name=f"{name}.{k}", ignore_name_scope=True,
+                                  process_set=self.process_set) for k, t in enumerate(tensors)]
         op, prescale, postscale = self.op, 1.0, 1.0
         if self.gradient_predivide_factor != 1.0:
             op = hvd.Sum
             prescale = 1.0 / self.gradient_predivide_factor
             postscale = self.gradient_predivide_factor / self.size()
+        # Cond branches are inlined under names of the enclosing graph:
+        # ignore_name_scope keeps only this name.
         return hvd.grouped_allreduce(tensors, op=op, compression=self.compression,
                                      prescale_factor=prescale, postscale_factor=postscale,
+                                     name=name, ignore_name_scope=True,
                                      process_set=self.process_set)
+
+
+def _divided(grad, divisor):
+    if grad is None:
+        return grad
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / divisor, grad.indices, grad.dense_shape)
+    return grad / divisor
 
 
 def _bf16_allreduce(tensors, average, process_set, name):
@@ -155,11 +231,13 @@ def _bf16_allreduce(tensors, average, process_set, name):
     padded = -(-length // size) * size
     flat = tf.pad(flat, [[0, padded - length]])
     slices = tf.reshape(_to_bits(flat), [size, -1])
-    received = hvd.alltoall(slices, name=f"{name}.scatter", process_set=process_set)
+    received = hvd.alltoall(slices, name=f"{name}.scatter", ignore_name_scope=True,
+                            process_set=process_set)
     mine = tf.reduce_sum(_from_bits(received), axis=0)
     if average:
         mine = mine / size
-    gathered = hvd.allgather(_to_bits(mine), name=f"{name}.gather", process_set=process_set)
+    gathered = hvd.allgather(_to_bits(mine), name=f"{name}.gather", ignore_name_scope=True,
+                             process_set=process_set)
     total = _from_bits(gathered)[:length]
     sizes = [tf.reduce_prod(s) for s in shapes]
     return [tf.cast(tf.reshape(part, shape), dtype)

@@ -6,9 +6,9 @@ against it:
 The same names and signatures, backed by hvdtrain's Keras 3 optimizer and
 callbacks and by Horovod's TensorFlow collectives. Differences: `init()` also
 pins the GPU and sizes the thread pools (see hvdtrain.runtime); Keras 3 has
-no global variables, so `broadcast_global_variables` is left out (use
+no global variables, so `broadcast_global_variables` refuses (use
 `broadcast_variables` or `callbacks.BroadcastGlobalVariablesCallback`).
-`elastic` is hvdtrain.elastic: KerasState and the elastic callbacks for Keras 3.
+`elastic` holds KerasState and the elastic callbacks for Keras 3.
 """
 
 import keras
@@ -20,12 +20,13 @@ from horovod.tensorflow import (  # noqa: F401  (re-exported as Horovod's keras 
     remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
 
 import horovod.tensorflow as _hvd
-from hvdtrain import elastic, runtime  # noqa: F401
-from hvdtrain.collectives import broadcast_variables  # noqa: F401
+from hvdtrain import runtime
+from hvdtrain.collectives import broadcast_variables, root_name_scope  # noqa: F401
 from hvdtrain.compression import BF16Compressor, Compression
 from hvdtrain.errors import UsageError
-from hvdtrain.keras import callbacks  # noqa: F401
-from hvdtrain.optimizer import DistributedOptimizer, make_distributed  # noqa: F401
+from hvdtrain.keras import callbacks, elastic  # noqa: F401
+from hvdtrain.optimizer import (  # noqa: F401
+    DistributedOptimizer, PartialDistributedOptimizer, make_distributed)
 from hvdtrain.reduction import GradientReducer
 
 
@@ -34,8 +35,18 @@ def init(comm=None, process_sets=None):
     runtime.init(process_sets=process_sets, comm=comm)
 
 
+def broadcast_global_variables(root_rank):
+    """Horovod's TF1 global-variable broadcast, which Keras 3 has no use for."""
+    raise UsageError("broadcast_global_variables: Keras 3 has no global variables; use "
+                     "hvd.broadcast_variables(model.variables, root_rank) or "
+                     "hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank)")
+
+
 # The collectives take anything convertible to a tensor and, like Horovod's
-# under TensorFlow 2, return eager tensors (`.numpy()`, `np.asarray`).
+# under TensorFlow 2, return eager tensors (`.numpy()`, `np.asarray`). Inside
+# a tf.function an unnamed one would be named after its tensor, whose name
+# can differ between ranks: it gets a fixed name at the graph's top level,
+# made unique by the order of the calls (see hvdtrain.reduction).
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
               op=None, compression=Compression.none):
@@ -43,24 +54,33 @@ def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_fac
     if compression is BF16Compressor:
         raise UsageError("bf16 compression is for gradients (DistributedOptimizer, "
                          "DistributedGradientTape); use none or fp16 here")
-    return _hvd.allreduce(tf.convert_to_tensor(value), average=average,
-                          prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                          op=op, compression=compression, name=name)
+    with root_name_scope():
+        return _hvd.allreduce(tf.convert_to_tensor(value), average=average,
+                              prescale_factor=prescale_factor,
+                              postscale_factor=postscale_factor, op=op,
+                              compression=compression, name=name or "hvdtrain.allreduce",
+                              ignore_name_scope=True)
 
 
 def allgather(value, name=None):
     """Concatenates every rank's `value` along the first dimension."""
-    return _hvd.allgather(tf.convert_to_tensor(value), name=name)
+    with root_name_scope():
+        return _hvd.allgather(tf.convert_to_tensor(value), name=name or "hvdtrain.allgather",
+                              ignore_name_scope=True)
 
 
 def broadcast(value, root_rank, name=None):
     """`root_rank`'s `value`, on every rank."""
-    return _hvd.broadcast(tf.convert_to_tensor(value), root_rank, name=name)
+    with root_name_scope():
+        return _hvd.broadcast(tf.convert_to_tensor(value), root_rank,
+                              name=name or "hvdtrain.broadcast", ignore_name_scope=True)
 
 
 def reducescatter(value, name=None, op=Average):
     """Reduces `value` over all ranks and gives each its slice of the first dimension."""
-    return _hvd.reducescatter(tf.convert_to_tensor(value), op=op, name=name)
+    with root_name_scope():
+        return _hvd.reducescatter(tf.convert_to_tensor(value), op=op,
+                                  name=name or "hvdtrain.reducescatter", ignore_name_scope=True)
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from launch import horovodrun, run, worker
+from launch import horovodrun, rank_lines, run, worker
 
 BASE = {"model": "dense", "loop": "fit", "lr": 0.5, "passes": 1, "examples": 16}
 
@@ -101,3 +101,53 @@ def test_own_process_sets_train_each_rank_on_its_shard(tmp_path, references):
         for init, got, want in zip(initial, after, expected):
             assert not np.allclose(got, init)
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_ranks_whose_layers_are_named_differently_train_together(tmp_path):
+    # Rank 1's auto-generated layer names are shifted by a throwaway layer;
+    # then Horovod's resume pattern (rank 0 alone loads the model) twice in
+    # one process. Collectives named after layers would block every rank.
+    result = horovodrun([*worker("rank_names"), tmp_path, "extra_layer", "load_twice"],
+                        timeout=150)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    trained = [(rank, text.split()[1]) for rank, text in rank_lines(result.stdout)
+               if text.startswith("trained")]
+    cases = ["extra_layer", "extra_layer_tape", "load_twice1", "load_twice2"]
+    assert sorted(trained) == sorted((r, c) for r in (0, 1) for c in cases)
+
+
+def _steps(path):
+    """(own gradients, update by fit, update by the tape), each a list per variable."""
+    arrays = np.load(path)
+    count = len(arrays.files) // 3
+    return [[arrays[f"arr_{k * count + i}"] for i in range(count)] for k in range(3)]
+
+
+def test_a_rank_outside_the_process_set_keeps_its_own_gradients(tmp_path):
+    result = horovodrun([*worker("local_gradients"), tmp_path, "partial_set"], np=3)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (own0, *updates0), (own1, *updates1), (own2, *updates2) = (
+        _steps(tmp_path / f"partial_set.rank{r}.npz") for r in range(3))
+    for updates in (updates0, updates1):   # in the set [0, 1]: averaged over it, lr 1
+        for update in updates:
+            for got, g0, g1 in zip(update, own0, own1):
+                np.testing.assert_allclose(got, -(g0 + g1) / 2, rtol=1e-5, atol=1e-7)
+    for update in updates2:
+        for got, g2 in zip(update, own2):
+            np.testing.assert_allclose(got, -g2, rtol=1e-5, atol=1e-7)
+
+
+def test_local_variables_keep_their_own_gradients_scaled_as_in_horovod(tmp_path):
+    result = horovodrun([*worker("local_gradients"), tmp_path, "local", "scaled"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (own0, *updates0), (own1, *updates1) = (_steps(tmp_path / f"local.rank{r}.npz")
+                                            for r in (0, 1))
+    for own, updates in ((own0, updates0), (own1, updates1)):
+        for update in updates:
+            # The first layer's kernel and bias averaged; the second layer's
+            # this rank's own, divided by the size (scale_local_gradients).
+            for got, g0, g1 in zip(update[:2], own0, own1):
+                np.testing.assert_allclose(got, -(g0 + g1) / 2, rtol=1e-5, atol=1e-7)
+            for got, mine in zip(update[2:], own[2:]):
+                np.testing.assert_allclose(got, -mine / 2, rtol=1e-5, atol=1e-7)
+    assert not np.allclose(updates0[0][2], updates1[0][2])

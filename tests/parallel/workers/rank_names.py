@@ -1,0 +1,70 @@
+"""Trains small models at np>=2 in ways that give the ranks' layers and
+variables different auto-generated names; prints "trained <case> <loss>" per
+case on each rank. Any collective named after something rank-specific would
+block every rank.
+
+Cases (argv[2:]): "extra_layer": rank 1 makes a throwaway layer first, then
+every rank fits with DistributedOptimizer and runs a DistributedGradientTape
+step; "load_twice": Horovod's resume pattern twice in one process: rank 0
+loads a saved model with hvd.load_model, the others build it; all fit it.
+"""
+
+import sys
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import hvdtrain
+import hvdtrain.keras as hvd
+
+
+def make_model():
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="tanh"),
+                             keras.layers.Dense(1)])
+
+
+def data():
+    rng = np.random.default_rng(hvd.rank())
+    return rng.normal(size=(8, 4)).astype("float32"), rng.normal(size=(8, 1)).astype("float32")
+
+
+def fit(model, case):
+    x, y = data()
+    history = model.fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()])
+    print(f"trained {case} {history.history['loss'][-1]:.6f}", flush=True)
+
+
+def extra_layer():
+    if hvd.rank() == 1:
+        keras.layers.Dense(2)  # shifts this rank's auto-generated names
+    model = make_model()
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    fit(model, "extra_layer")
+    x, y = data()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(keras.losses.mean_squared_error(y, model(x, training=True)))
+    grads = hvdtrain.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
+    keras.optimizers.SGD(0.1).apply(grads, model.trainable_variables)
+    print(f"trained extra_layer_tape {float(loss):.6f}", flush=True)
+
+
+def load_twice(out):
+    for number in (1, 2):
+        if hvd.rank() == 0:
+            saved = make_model()
+            saved.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+            saved.save(f"{out}/model{number}.keras")
+            model = hvd.load_model(f"{out}/model{number}.keras")
+        else:
+            model = make_model()
+            model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)),
+                          loss="mse")
+        fit(model, f"load_twice{number}")
+
+
+OUT = sys.argv[1]
+hvd.init()
+for name in sys.argv[2:]:
+    extra_layer() if name == "extra_layer" else load_twice(OUT)
