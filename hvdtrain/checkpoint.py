@@ -1,6 +1,8 @@
 """Rank 0's checkpoints: complete or absent, never half.
 
 Each checkpoint is a directory named after its position in training,
+numbered as Keras numbers epochs (Position.shown): after step 120 of the
+third epoch,
 
     MODEL_DIR/checkpoints/epoch-0003-step-000120/
         variables.npz     every model and optimizer variable, in order
@@ -50,8 +52,23 @@ class Position:
     batch_size: int
 
     @property
+    def shown(self):
+        """(epoch, step) as names and messages show a position, the way Keras
+        counts epochs: epoch E, step S is the S-th step of the E-th epoch,
+        done. The start is epoch 1, step 0; the end of the first epoch is
+        epoch 1, step `steps`."""
+        if self.step == 0 and self.epoch > 0:
+            return self.epoch, self.steps
+        return self.epoch + 1, self.step
+
+    def describe(self):
+        epoch, step = self.shown
+        return f"epoch {epoch}, step {step} of {self.steps}"
+
+    @property
     def name(self):
-        return f"epoch-{self.epoch:04d}-step-{self.step:06d}"
+        epoch, step = self.shown
+        return f"epoch-{epoch:04d}-step-{step:06d}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -78,16 +78,16 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             return
         start = time.perf_counter()
         values = [keras.ops.convert_to_numpy(v) for v in values]
+        position = Position(epoch, step, self.steps, hvd.size(), self.batch_size)
         if not all(np.isfinite(v).all() for v in values if np.issubdtype(v.dtype, np.floating)):
             # Never let a diverged state push good checkpoints out.
-            message = (f"the model's state is no longer finite at epoch {epoch + 1}, step "
-                       f"{step}: no checkpoint written; lower --learning_rate or check the "
-                       "data, then resume from the last checkpoint")
+            message = (f"the model's state is no longer finite after {position.describe()}: "
+                       "no checkpoint written; lower --learning_rate or check the data, then "
+                       "resume from the last checkpoint")
             if self.nan_policy == "fail":
                 raise TrainingError(message)
             logging.warning(message)
             return
-        position = Position(epoch, step, self.steps, hvd.size(), self.batch_size)
         try:
             path = checkpoint.save(self.directory, values, position, self.settings, metric,
                                    names=[v.path for v in variables])
@@ -131,13 +131,14 @@ def restore(model, directory, config, steps):
         logging.info("no checkpoint in %s: training from the start", directory)
         return 0, 0
     epoch, step = continue_at(saved, steps, hvd.size(), config.batch_size)
+    going_on = Position(epoch, step, steps, hvd.size(), config.batch_size)
     if (saved.workers, saved.batch_size) != (hvd.size(), config.batch_size):
-        logging.info("the checkpoint was written by %d workers x batch %d at step %d of %d; "
-                     "now %d x %d: learning rate scaled for %d workers, steps recomputed, "
-                     "going on at step %d of %d", saved.workers, saved.batch_size, saved.step,
-                     saved.steps, hvd.size(), config.batch_size, hvd.size(), step, steps)
+        logging.info("the checkpoint was written by %d workers x batch %d after %s; now %d x "
+                     "%d: learning rate scaled for %d workers, steps recomputed, going on "
+                     "after %s", saved.workers, saved.batch_size, saved.describe(), hvd.size(),
+                     config.batch_size, hvd.size(), going_on.describe())
     if found:
-        logging.info("resuming from %s at epoch %d, step %d", found.path, epoch + 1, step)
+        logging.info("resuming from %s, after %s", found.path, going_on.describe())
     return epoch, step
 
 

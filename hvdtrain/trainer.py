@@ -144,10 +144,9 @@ def _starting_point(state, model, config, checkpoints, steps):
         # checkpoint on other workers.
         committed = state.position
         epoch, step = resume.continue_at(committed, steps, hvd.size(), config.batch_size)
-        logging.info("elastic restart, world size %d -> %d: from the commit at epoch %d, "
-                     "step %d of %d, going on at epoch %d, step %d of %d", committed.workers,
-                     hvd.size(), committed.epoch + 1, committed.step, committed.steps,
-                     epoch + 1, step, steps)
+        logging.info("elastic restart, world size %d -> %d: from the commit after %s, "
+                     "going on after %s", committed.workers, hvd.size(), committed.describe(),
+                     Position(epoch, step, steps, hvd.size(), config.batch_size).describe())
         return epoch, step
     # The run's first start (elastic: every worker is here, none has committed yet).
     if config.resume:

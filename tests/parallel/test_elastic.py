@@ -232,19 +232,20 @@ def test_cli_trains_on_after_a_worker_is_killed(tmp_path):
              "--checkpoint_steps=20", "--elastic_commit_steps=10"]
     with elastic_run(tmp_path, ["localhost", "127.0.0.1"], 2, command=train) as (process, _):
         # 89 steps an epoch on 2 workers: global step 100 is step 11 of the second epoch.
-        wait_for((out / "checkpoints" / "epoch-0001-step-000011").exists, process, tmp_path,
+        wait_for((out / "checkpoints" / "epoch-0002-step-000011").exists, process, tmp_path,
                  "a checkpoint in the second epoch")
         os.kill(rank_pid(1, str(out)), signal.SIGKILL)
         finish(process, tmp_path)
 
     logged = "\n".join(text for rank, text in rank_lines((tmp_path / "horovodrun.log").read_text())
                        if rank == 0)
-    restart = re.search(r"elastic restart, world size 2 -> 1: from the commit at epoch (\d), "
-                        r"step (\d+) of 89, going on at epoch (\d), step (\d+) of 179", logged)
+    restart = re.search(r"elastic restart, world size 2 -> 1: from the commit after epoch "
+                        r"(\d), step (\d+) of 89, going on after epoch (\d), step (\d+) of 179",
+                        logged)
     assert restart, logged[-4000:]
     epoch, step, going_on_epoch, going_on_step = map(int, restart.groups())
     # From a commit inside an epoch, at the same example: twice the steps on half the workers.
-    assert epoch >= 2 and step > 0 and (going_on_epoch, going_on_step) == (epoch, 2 * step)
+    assert epoch >= 2 and 0 < step < 89 and (going_on_epoch, going_on_step) == (epoch, 2 * step)
     done = re.search(r"digits_cnn on 1 worker, \d epochs? in \S+ s: .*val_accuracy (\d\.\d+)",
                      logged)
     # The kill lands at a different step each run, and the last epoch's small batches on one

@@ -41,7 +41,7 @@ def test_a_nan_loss_on_one_rank_ends_every_rank_with_its_message(tmp_path, contr
     assert not any("Traceback" in text for _, text in rank_lines(result.stderr))
     # No checkpoint holds the diverged state.
     names = [p.name for p in checkpoint.listed(tmp_path / "model" / "checkpoints")]
-    assert names[0] == "epoch-0001-step-000004"
+    assert names[0] == "epoch-0002-step-000004"
     for name in names:
         _, values = checkpoint.read(tmp_path / "model" / "checkpoints" / name)
         assert all(np.isfinite(v).all() for v in values if v.dtype.kind == "f")
@@ -52,7 +52,7 @@ def test_with_nan_policy_ignore_training_goes_on_and_keeps_good_checkpoints(tmp_
     assert result.returncode == 0, result.stderr[-3000:]
     names = [p.name for p in checkpoint.listed(tmp_path / "model" / "checkpoints")]
     # After the NaN no state is finite, so no checkpoint was written after it.
-    assert names[0] == "epoch-0001-step-000004"
+    assert names[0] == "epoch-0002-step-000004"
     assert "no checkpoint written" in result.stderr
 
 

@@ -70,14 +70,14 @@ def test_killed_worker_ends_the_job_and_resuming_matches_an_uninterrupted_run(
     # 89 steps an epoch: kill rank 1 in the second epoch, after its second checkpoint.
     returncode, output = _kill_when(
         job, log, str(interrupted), 1,
-        lambda: (interrupted / "checkpoints" / "epoch-0001-step-000011").exists())
+        lambda: (interrupted / "checkpoints" / "epoch-0002-step-000011").exists())
     assert returncode != 0
     assert re.search(LOST_RANK[controller].format(rank=1), output), output[-3000:]
-    assert "epoch-0001-step-000011" in _all_intact(interrupted)
+    assert "epoch-0002-step-000011" in _all_intact(interrupted)
     assert not (interrupted / "model.keras").exists()
 
     resumed = _ok(_train(interrupted, *DIGITS, "--resume", controller=controller))
-    epoch, step = map(int, re.search(r"resuming from \S+ at epoch (\d+), step (\d+)",
+    epoch, step = map(int, re.search(r"resuming from \S+, after epoch (\d+), step (\d+) of 89",
                                      resumed).groups())
     assert epoch == 2 and step > 0   # in the middle of the second epoch
     assert _final_accuracy(resumed) > 0.85
@@ -112,12 +112,13 @@ def test_rank0_killed_while_writing_a_checkpoint_leaves_every_checkpoint_whole(t
 def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(tmp_path):
     model_dir = tmp_path / "model"
     _ok(_train(model_dir, "--epochs=2"))
-    newest = model_dir / "checkpoints" / "epoch-0002-step-000000" / checkpoint.VARIABLES
+    newest = model_dir / "checkpoints" / "epoch-0002-step-000022" / checkpoint.VARIABLES
     newest.write_bytes(newest.read_bytes()[:1000])   # as a full disk leaves it
 
     output = _ok(_train(model_dir, "--epochs=4", "--resume"))
-    assert "epoch-0002-step-000000 is damaged" in output
-    assert re.search(r"resuming from \S+epoch-0001-step-000000 at epoch 2, step 0", output)
+    assert "epoch-0002-step-000022 is damaged" in output
+    assert re.search(r"resuming from \S+epoch-0001-step-000022, after epoch 1, step 22 of 22",
+                     output)
     assert _final_accuracy(output) > 0.9
 
 
@@ -127,14 +128,15 @@ def test_resuming_on_fewer_workers_rescales_the_learning_rate_and_the_steps(tmp_
     # Leave a checkpoint from the middle of the second epoch as the newest:
     # 22 steps an epoch at 2 x 32, so global step 40 is step 18 of epoch 2.
     names = _all_intact(model_dir)
-    assert names[0] == "epoch-0002-step-000000"
+    assert names[0] == "epoch-0002-step-000022"
     shutil.rmtree(model_dir / "checkpoints" / names[0])
-    assert _all_intact(model_dir)[0] == "epoch-0001-step-000018"
+    assert _all_intact(model_dir)[0] == "epoch-0002-step-000018"
 
     output = _ok(_train(model_dir, "--epochs=4", "--warmup_epochs=1", "--resume", np=1))
     # 18 steps x 2 workers x 32 = 1152 examples = step 36 of 44 for one worker.
-    assert ("written by 2 workers x batch 32 at step 18 of 22; now 1 x 32: learning rate "
-            "scaled for 1 workers, steps recomputed, going on at step 36 of 44") in output
+    assert ("written by 2 workers x batch 32 after epoch 2, step 18 of 22; now 1 x 32: learning "
+            "rate scaled for 1 workers, steps recomputed, going on after epoch 2, step 36 of 44"
+            ) in output
     assert _final_accuracy(output) > 0.9
     restored = keras.saving.load_model(model_dir / "model.keras")
     assert float(restored.optimizer.learning_rate) == pytest.approx(0.02)   # one worker's
@@ -175,12 +177,13 @@ def test_mixed_precision_state_and_accumulated_gradients_are_checkpointed(tmp_pa
     flags = [f"--recipe={faults}", "--precision=mixed_float16", "--backward_passes_per_step=3",
              "--checkpoint_steps=7"]
     _ok(_train(model_dir, *flags, "--epochs=1"))
-    names = json.loads((model_dir / "checkpoints" / "epoch-0000-step-000028" /
+    names = json.loads((model_dir / "checkpoints" / "epoch-0001-step-000028" /
                         checkpoint.META).read_text())["names"]
     for name in ("loss_scale_optimizer/dynamic_scale", "loss_scale_optimizer/step_counter",
                  "loss_scale_optimizer/iteration", "hvd_passes"):
         assert any(n.endswith(name) for n in names), (name, names)
     assert sum("hvd_accumulated" in n for n in names) == 4   # one per weight, mid-accumulation
     output = _ok(_train(model_dir, *flags, "--epochs=2", "--resume"))
-    assert re.search(r"resuming from \S+epoch-0001-step-000000 at epoch 2, step 0", output)
+    assert re.search(r"resuming from \S+epoch-0001-step-0000(\d\d), after epoch 1, "
+                     r"step \1 of \1\b", output)
     assert _final_accuracy(output) > 0.9

@@ -24,20 +24,33 @@ def _save(directory, epoch, step=0, metric=None, seed=0):
 
 def test_save_then_read_gives_the_same_values_and_position(tmp_path):
     values = _save(tmp_path, 2, 5, metric=0.25)
-    found, read = checkpoint.read(tmp_path / "epoch-0002-step-000005")
+    found, read = checkpoint.read(tmp_path / "epoch-0003-step-000005")
     assert found.position == _position(2, 5) and found.metric == 0.25
     assert found.settings == {"recipe": "r"}
     for a, b in zip(values, read):
         np.testing.assert_array_equal(a, b)
-    assert [p.name for p in tmp_path.iterdir()] == ["epoch-0002-step-000005"]
+    assert [p.name for p in tmp_path.iterdir()] == ["epoch-0003-step-000005"]
+
+
+@pytest.mark.parametrize("epoch, step, shown", [
+    (0, 0, "epoch 1, step 0 of 10"),    # the start
+    (0, 3, "epoch 1, step 3 of 10"),
+    (1, 0, "epoch 1, step 10 of 10"),   # the first epoch's end, as Keras's "Epoch 1/N" ends
+    (1, 4, "epoch 2, step 4 of 10"),
+])
+def test_a_position_is_named_and_described_in_one_numbering(epoch, step, shown):
+    position = _position(epoch, step)
+    assert position.describe() == shown
+    shown_epoch, shown_step = position.shown
+    assert position.name == f"epoch-{shown_epoch:04d}-step-{shown_step:06d}"
 
 
 def test_newest_is_by_position_not_by_name_order_of_digits(tmp_path):
     for epoch, step in [(9, 0), (10, 0), (10, 3), (2, 50)]:
         _save(tmp_path, epoch, step)
     assert [p.name for p in checkpoint.listed(tmp_path)] == [
-        "epoch-0010-step-000003", "epoch-0010-step-000000", "epoch-0009-step-000000",
-        "epoch-0002-step-000050"]
+        "epoch-0011-step-000003", "epoch-0010-step-000010", "epoch-0009-step-000010",
+        "epoch-0003-step-000050"]
 
 
 @pytest.mark.parametrize("damage", ["truncated variables", "flipped byte", "missing meta",
@@ -45,7 +58,7 @@ def test_newest_is_by_position_not_by_name_order_of_digits(tmp_path):
 def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, damage, caplog):
     _save(tmp_path, 1, seed=1)
     _save(tmp_path, 2, seed=2)
-    newest = tmp_path / "epoch-0002-step-000000"
+    newest = tmp_path / "epoch-0002-step-000010"
     variables, meta = newest / checkpoint.VARIABLES, newest / checkpoint.META
     if damage == "truncated variables":
         variables.write_bytes(variables.read_bytes()[:-100])
@@ -64,15 +77,15 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, dama
     found, values = checkpoint.newest(tmp_path)
     assert found.position.epoch == 1
     np.testing.assert_array_equal(values[0], _save(tmp_path / "again", 1, seed=1)[0])
-    assert "epoch-0002-step-000000 is damaged" in caplog.text
+    assert "epoch-0002-step-000010 is damaged" in caplog.text
 
 
 def test_unfinished_saves_are_invisible_and_removed(tmp_path):
     _save(tmp_path, 1)
-    (tmp_path / ".tmp-epoch-0002-step-000000.123").mkdir()
-    assert [p.name for p in checkpoint.listed(tmp_path)] == ["epoch-0001-step-000000"]
+    (tmp_path / ".tmp-epoch-0002-step-000010.123").mkdir()
+    assert [p.name for p in checkpoint.listed(tmp_path)] == ["epoch-0001-step-000010"]
     checkpoint.remove_unfinished(tmp_path)
-    assert [p.name for p in tmp_path.iterdir()] == ["epoch-0001-step-000000"]
+    assert [p.name for p in tmp_path.iterdir()] == ["epoch-0001-step-000010"]
 
 
 def test_retain_keeps_the_newest_and_the_best(tmp_path):
@@ -81,7 +94,7 @@ def test_retain_keeps_the_newest_and_the_best(tmp_path):
     _save(tmp_path, 5, 4)   # a mid-epoch checkpoint has no metric
     checkpoint.retain(tmp_path, keep=2, mode="min")
     assert [p.name for p in checkpoint.listed(tmp_path)] == [
-        "epoch-0005-step-000004", "epoch-0005-step-000000", "epoch-0002-step-000000"]
+        "epoch-0006-step-000004", "epoch-0005-step-000010", "epoch-0002-step-000010"]
 
 
 def test_metric_mode():
@@ -136,5 +149,5 @@ def test_continued_epoch_shows_callbacks_the_whole_epoch():
 
 def test_meta_is_readable_json(tmp_path):
     _save(tmp_path, 1, metric=0.5)
-    meta = json.loads((tmp_path / "epoch-0001-step-000000" / checkpoint.META).read_text())
+    meta = json.loads((tmp_path / "epoch-0001-step-000010" / checkpoint.META).read_text())
     assert meta["position"]["epoch"] == 1 and meta["shapes"] == [[3, 2], [4]]
