@@ -9,7 +9,7 @@ from absl import logging
 import horovod.tensorflow as hvd
 from hvdtrain import checkpoint, collectives, runtime
 from hvdtrain.errors import TrainingError, UsageError
-from hvdtrain.optimizer import check_loss_scale_order
+from hvdtrain.optimizer import accumulated_only, check_loss_scale_order
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -219,8 +219,9 @@ class _MomentumCorrection:
     `momentum * (ratio - 1) * v` is added to the weights after the step.
     """
 
-    def __init__(self, optimizer, slots, ratio):
+    def __init__(self, optimizer, slots, ratio, applying):
         self.optimizer = optimizer
+        self.applying = applying
         self.slots = slots
         self.ratio = ratio
         self.iterations = int(optimizer.iterations)
@@ -230,18 +231,20 @@ class _MomentumCorrection:
     @classmethod
     def begin(cls, optimizer, ratio):
         """The correction for this step, or None if `optimizer` has no momentum."""
+        applying = optimizer  # the distributed one: it knows whether it only accumulated
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             optimizer = optimizer.inner_optimizer
         if not optimizer.built or not getattr(optimizer, "momentum", 0):
             return None
         if isinstance(optimizer, keras.optimizers.SGD):
-            return cls(optimizer, optimizer.momentums, ratio)
+            return cls(optimizer, optimizer.momentums, ratio, applying)
         if isinstance(optimizer, keras.optimizers.RMSprop):
-            return cls(optimizer, optimizer._momentums, ratio)  # no public name
+            return cls(optimizer, optimizer._momentums, ratio, applying)  # no public name
         return None
 
     def end(self):
-        if int(self.optimizer.iterations) == self.iterations:
+        if (int(self.optimizer.iterations) == self.iterations
+                or accumulated_only(self.applying)):
             # No update this batch (gradients being accumulated, or a loss-scale
             # skip): the slots are as the step left them, so undo the scaling.
             for slot in self.slots:
