@@ -9,6 +9,7 @@ import time
 
 import horovod.tensorflow as hvd
 import keras
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
@@ -18,6 +19,7 @@ from hvdtrain import recipe as recipe_lib
 from hvdtrain.checkpoint import Position
 from hvdtrain.compression import Compression
 from hvdtrain.data import input_errors
+from hvdtrain.errors import TrainingError
 from hvdtrain.evaluation import ExactEvaluation
 from hvdtrain.optimizer import DistributedOptimizer
 
@@ -77,10 +79,24 @@ def _train(config, recipe, model_dir):
         result = elastic.run(_train_from)(state, model, recipe, config, model_dir)
     else:
         result = _train_from(None, model, recipe, config, model_dir)
+    _refuse_non_finite(model, model_dir)
     if config.export and runtime.is_main_process():
         watchdog.progress("exporting the model")
         export.export(model, model_dir)
     return result
+
+
+def _refuse_non_finite(model, model_dir):
+    """Ends the run, on every rank, when training left weights that are not
+    finite (possible with --nan_policy=ignore): such a model is not trained,
+    and is not written over anything."""
+    values = [keras.ops.convert_to_numpy(v) for v in model.weights]
+    finite = all(np.isfinite(v).all() for v in values if np.issubdtype(v.dtype, np.floating))
+    if collectives.agree_on_min(int(finite), name="hvdtrain.finite_weights"):
+        return
+    raise TrainingError(f"training ended with weights that are not finite (NaN or infinite): "
+                        "no model written; lower --learning_rate or check the data, then "
+                        f"resume from the last checkpoint in {model_dir / 'checkpoints'}")
 
 
 def _train_from(state, model, recipe, config, model_dir):
