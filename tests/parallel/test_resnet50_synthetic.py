@@ -34,4 +34,5 @@ def test_benchmark_reports_rates_with_intervals(tmp_path, entry, controller, fla
     assert total == pytest.approx(2 * worker, abs=0.2)
     assert re.search(r"resnet50_synthetic on 2 workers, 1 epoch in [\d.]+ s: loss \d", result.stdout)
     # A benchmark: no checkpoint, no exported model; its log and summaries.
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["log.jsonl", "tensorboard"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "log.jsonl", "run.lock", "tensorboard"]

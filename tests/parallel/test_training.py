@@ -25,9 +25,10 @@ def test_ranks_end_with_bit_identical_weights(tmp_path, controller):
     history0 = json.loads((tmp_path / "rank0.json").read_text())
     assert history0 == json.loads((tmp_path / "rank1.json").read_text())
     assert history0["learning_rate"] == pytest.approx([0.03, 0.04])
-    # Only rank 0 wrote the checkpoints, the final model and the logs.
+    # Only rank 0 wrote the checkpoints, the final model and the logs (and
+    # held the directory's lock).
     assert sorted(p.name for p in (tmp_path / "model").iterdir()) == [
-        "checkpoints", "log.jsonl", "model.keras", "saved_model", "tensorboard"]
+        "checkpoints", "log.jsonl", "model.keras", "run.lock", "saved_model", "tensorboard"]
 
 
 def test_step_at_np2_equals_step_at_np1_with_global_batch(tmp_path, controller):
