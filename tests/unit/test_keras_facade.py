@@ -55,16 +55,63 @@ def test_signatures_are_horovods(name):
     assert mine[len(theirs):] == (["filepath"] if attr == "BestModelCheckpoint" else [])
 
 
-def test_horovods_other_names_exist():
-    for name in ["init", "shutdown", "is_initialized", "size", "local_size", "cross_size",
-                 "rank", "local_rank", "cross_rank", "mpi_enabled", "mpi_built",
-                 "mpi_threads_supported", "gloo_enabled", "gloo_built", "nccl_built",
-                 "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
-                 "Average", "Sum", "Adasum", "Compression", "broadcast_variables",
-                 "start_timeline", "stop_timeline"]:
-        assert hasattr(hvd, name), name
-    assert {hvd.Compression.none, hvd.Compression.fp16, hvd.Compression.bf16}
+def _horovod_public_names(relative_path):
+    """The names a module of the installed Horovod defines or re-exports,
+    leaving out the modules and version helpers it imports for itself."""
+    names = set()
+    for node in ast.parse((HOROVOD / relative_path).read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.ImportFrom) and node.module != "horovod.common.util":
+            names.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return {n for n in names if not n.startswith("_") and n not in {"keras", "tf", "version"}}
+
+
+@pytest.mark.parametrize("module, relative_path", [
+    ("", "tensorflow/keras/__init__.py"), ("callbacks", "tensorflow/keras/callbacks.py"),
+    ("elastic", "tensorflow/keras/elastic.py")])
+def test_every_public_name_of_horovods_keras_modules_is_here(module, relative_path):
+    ours = getattr(hvd, module) if module else hvd
+    theirs = _horovod_public_names(relative_path)
+    assert len(theirs) > 3
+    assert sorted(n for n in theirs if not hasattr(ours, n)) == []
+    # And horovod.keras's PartialDistributedOptimizer, for Keras scripts.
+    assert callable(hvd.PartialDistributedOptimizer)
     assert hvd.size() == 1 and hvd.rank() == 0 and hvd.local_rank() == 0
+
+
+def test_broadcast_global_variables_names_the_keras_3_way():
+    with pytest.raises(UsageError, match=r"hvd.broadcast_variables\(model.variables"):
+        hvd.broadcast_global_variables(0)
+
+
+def test_partial_distributed_optimizer_takes_layers_only():
+    with pytest.raises(UsageError, match="local_layers must be keras layers"):
+        hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=["dense"])
+
+
+def test_accumulation_advances_iterations_and_the_schedule_per_batch():
+    # Horovod increments iterations at every apply_gradients call; Keras's
+    # own gradient_accumulation_steps keys the schedule on the same count
+    # (its `iterations` shows updates): the rate moves per batch.
+    schedule = keras.optimizers.schedules.PiecewiseConstantDecay([1, 3], [0.1, 0.05, 0.01])
+    x = np.random.default_rng(0).normal(size=(16, 3)).astype("float32")
+    weights, counts = [], []
+    for optimizer in (hvd.DistributedOptimizer(keras.optimizers.SGD(schedule),
+                                               backward_passes_per_step=2,
+                                               average_aggregated_gradients=True),
+                      keras.optimizers.SGD(schedule, gradient_accumulation_steps=2)):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile(optimizer=optimizer, loss="mse")
+        model.fit(x, x[:, :2], batch_size=2, epochs=1, shuffle=False, verbose=0)
+        weights.append(model.get_weights())
+        counts.append(int(optimizer.iterations))
+    assert counts == [8, 8 // 2]
+    for ours, keras_own in zip(*weights):
+        np.testing.assert_allclose(ours, keras_own, rtol=1e-6)
 
 
 def test_collectives_take_numpy_and_return_numpy_friendly_values():
