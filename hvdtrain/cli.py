@@ -189,6 +189,11 @@ def _train():
         if result.throughput is not None:
             unit = recipe_lib.get(config.recipe).unit
             print(f"hvdtrain: throughput {throughput.describe(result.throughput, unit)}")
+        else:
+            print(f"hvdtrain: throughput not measured: too few steps (a sample is "
+                  f"{config.throughput_window_steps} steps inside one epoch, after the first "
+                  f"{config.throughput_warmup_steps} of training; see --throughput_window_steps "
+                  "and --throughput_warmup_steps)")
         if config.export:
             print(f"hvdtrain: model written to {result.model_path} and {result.saved_model}")
 
