@@ -1,13 +1,21 @@
 """Sharded pipelines from in-memory arrays: worker r of n takes rows r, r+n, ..."""
 
 import horovod.tensorflow as hvd
+import keras
 import tensorflow as tf
 
 from hvdtrain.data import sharding
+from hvdtrain.errors import UsageError
 
 
 def from_arrays(arrays, batch_size, *, training, seed=0):
     """This worker's shard of `arrays` (a nest of arrays of equal length)."""
+    lengths = {"/".join(map(str, path)) or "the array": len(a)
+               for path, a in keras.tree.flatten_with_path(arrays)}
+    if len(set(lengths.values())) > 1:
+        raise UsageError("arrays of different lengths ("
+                         + ", ".join(f"{name}: {n}" for name, n in lengths.items())
+                         + "); give every feature and the labels one row per example")
     examples = len(tf.nest.flatten(arrays)[0])
     shard = tf.nest.map_structure(lambda a: a[hvd.rank()::hvd.size()], arrays)
     shard_examples = len(tf.nest.flatten(shard)[0])

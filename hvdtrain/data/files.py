@@ -46,10 +46,11 @@ def from_tfrecords(pattern, parse, batch_size, *, training, seed=0, deterministi
         return _count(records.take(1) if first_only else records,
                       lambda record: parse(record, example_seed))
 
-    counts, failure = _each_file(mine, lambda path: _count(tf.data.TFRecordDataset(path)))
+    counts, failure = input_errors.each_file(
+        mine, lambda path: _count(tf.data.TFRecordDataset(path)))
     if not failure:
-        _, failure = _each_file(mine, lambda path: parsed(path, first_only=True))
-    collectives.raise_together(failure and UsageError(tfrecord_problem(*failure)))
+        _, failure = input_errors.each_file(mine, lambda path: parsed(path, first_only=True))
+    collectives.raise_together(UsageError(tfrecord_problem(*failure)) if failure else None)
 
     def records(paths):
         return paths.interleave(tf.data.TFRecordDataset, cycle_length=min(len(mine), 16),
@@ -57,7 +58,7 @@ def from_tfrecords(pattern, parse, batch_size, *, training, seed=0, deterministi
                                 deterministic=deterministic)
 
     def explain(error):
-        _, found = _each_file(mine, parsed)
+        _, found = input_errors.each_file(mine, parsed)
         return found and tfrecord_problem(*found)
 
     dataset = _pipeline(tf.constant(mine), int(sum(counts)), records, parse, batch_size, training,
@@ -67,6 +68,9 @@ def from_tfrecords(pattern, parse, batch_size, *, training, seed=0, deterministi
 
 def tfrecord_problem(path, error):
     """The line for TFRecord file `path` whose reading or parsing raised `error`."""
+    if isinstance(error, (tf.errors.NotFoundError, tf.errors.PermissionDeniedError)):
+        return (f"cannot read TFRecord file {path} ({input_errors.reason(error)}); check that "
+                "it exists and is readable")
     damage = re.search(r"(truncated|corrupted) record at (\d+)", error.message)
     if isinstance(error, tf.errors.DataLossError) and damage:
         if damage.group(1) == "truncated":
@@ -115,7 +119,7 @@ def from_image_folder(root, batch_size, *, training, image_size=None, seed=0,
         return item["image"], item["label"]
 
     def explain(error):
-        _, found = _each_file(paths, lambda path: tf.shape(_decode(path)))
+        _, found = input_errors.each_file(paths, lambda path: tf.shape(_decode(path)))
         return found and _corrupt_image(found[0], input_errors.reason(found[1]))
 
     dataset = _pipeline((tf.constant(paths), tf.constant(labels, tf.int64)), len(mine),
@@ -166,26 +170,6 @@ def _count(records, parse=None):
     if parse is not None:
         records = records.map(parse)
     return records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
-
-
-def _each_file(paths, compute):
-    """([compute(path) for path in paths], None), computed in parallel by
-    tf.data (compute: a path tensor -> a tensor); or (None, (path, error))
-    for the first path it fails on."""
-    done = tf.data.Dataset.from_tensor_slices(list(paths)).enumerate().map(
-        lambda i, path: (i, compute(path)), num_parallel_calls=tf.data.AUTOTUNE
-    ).ignore_errors().batch(1024)
-    values = {int(i): value for indices, batch in done.as_numpy_iterator()
-              for i, value in zip(indices, batch)}
-    results = []
-    for i, path in enumerate(paths):
-        if i not in values:  # again on its own, for its error
-            try:
-                values[i] = next(iter(tf.data.Dataset.from_tensors(path).map(compute))).numpy()
-            except tf.errors.OpError as e:
-                return None, (path, e)
-        results.append(values[i])
-    return results, None
 
 
 def _decode(path):

@@ -4,8 +4,8 @@ An op that fails inside a tf.data pipeline (decoding, parsing, reading, an
 assertion) raises when the next batch is fetched, with a message made of
 function-node names, iterator paths and stack headers around one line of
 reason. A source that can find the file to blame does (ShardedDataset's
-`explain`, run only once something failed); otherwise the line gives
-TensorFlow's reason alone.
+`explain`, run only once something failed, with `each_file`); otherwise the
+line gives TensorFlow's reason alone.
 """
 
 import re
@@ -59,3 +59,23 @@ def usage_error(error, *datasets):
                 return UsageError(message)
     return UsageError(f"reading the input data failed ({reason(error)}); check the data "
                       "and the recipe's load_data")
+
+
+def each_file(paths, compute):
+    """([compute(path) for path in paths], None), computed in parallel by
+    tf.data (compute: a path tensor -> a tensor); or (None, (path, error))
+    for the first path it fails on: the file to blame for an error."""
+    done = tf.data.Dataset.from_tensor_slices(list(paths)).enumerate().map(
+        lambda i, path: (i, compute(path)), num_parallel_calls=tf.data.AUTOTUNE
+    ).ignore_errors().batch(1024)
+    values = {int(i): value for indices, batch in done.as_numpy_iterator()
+              for i, value in zip(indices, batch)}
+    results = []
+    for i, path in enumerate(paths):
+        if i not in values:  # again on its own, for its error
+            try:
+                values[i] = next(iter(tf.data.Dataset.from_tensors(path).map(compute))).numpy()
+            except tf.errors.OpError as e:
+                return None, (path, e)
+        results.append(values[i])
+    return results, None

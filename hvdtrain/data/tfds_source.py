@@ -60,7 +60,7 @@ def from_tfds(name, split, batch_size, *, training, preprocess, data_dir=None, s
                 options=options))
 
     def explain(error):
-        return _explain(builder, split, error)
+        return _explain(builder, split, builder.info.splits[read_split].filepaths, error)
 
     if not training:
         return dataclasses.replace(sharding.evaluation(
@@ -77,15 +77,21 @@ def from_tfds(name, split, batch_size, *, training, preprocess, data_dir=None, s
         explain=explain)
 
 
-def _explain(builder, split, error):
-    """The line for `error`, raised reading `split` of the prepared `builder`."""
-    reason = input_errors.reason(error)
+def _explain(builder, split, paths, error):
+    """The line for `error`, raised reading `split` (its files: `paths`) of
+    the prepared `builder`."""
     rebuild = f"tfds build {builder.name} --data_dir={builder.data_dir_root} --overwrite"
-    if isinstance(error, tf.errors.DataLossError):  # its files, cut short or damaged
-        return (f"TFDS dataset {builder.name} has a damaged file in {builder.data_dir} "
-                f"({reason}); prepare it again: {rebuild}")
-    return (f"reading TFDS dataset {builder.name} split {split} failed ({reason}); check the "
-            f"recipe's preprocessing, or if the dataset's files are damaged: {rebuild}")
+    if isinstance(error, tf.errors.DataLossError):  # a file cut short or damaged
+        damaged = None
+        if builder.info.file_format == tfds.core.FileFormat.TFRECORD:
+            _, damaged = input_errors.each_file([str(p) for p in paths], lambda path: (
+                tf.data.TFRecordDataset(path).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)))
+        where, error = (damaged[0], damaged[1]) if damaged else (f"in {builder.data_dir}", error)
+        return (f"TFDS dataset {builder.name} has a damaged file {where} "
+                f"({input_errors.reason(error)}); prepare it again: {rebuild}")
+    return (f"reading TFDS dataset {builder.name} split {split} failed "
+            f"({input_errors.reason(error)}); check the recipe's preprocessing, or if the "
+            f"dataset's files are damaged: {rebuild}")
 
 
 def prepare(name, data_dir=None):

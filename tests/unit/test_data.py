@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 import hvdtrain
+import tfds_data
 from hvdtrain import data
 from hvdtrain.data import input_errors
 from hvdtrain.errors import UsageError
@@ -178,3 +179,43 @@ def test_errors_outside_input_pipelines_are_left_alone():
     with pytest.raises(tf.errors.InvalidArgumentError) as raised:
         tf.reshape(tf.range(3), [2])
     assert input_errors.usage_error(raised.value, arrays) is None
+
+
+def test_a_damaged_tfds_file_is_named_with_how_to_prepare_it_again(tmp_path):
+    examples = [{"image": np.full((28, 28, 1), i, np.uint8), "label": i % 10} for i in range(40)]
+    builder = tfds_data.write("mnist", tmp_path, {"train": examples})
+    bad = builder.data_path / "mnist-train.tfrecord-00001-of-00004"
+    bad.write_bytes(bad.read_bytes()[:-9])
+    digits = data.from_tfds("mnist", "train", 4, training=True, builder=builder,
+                            preprocess=lambda example, seed: (example["image"], example["label"]))
+    with pytest.raises(tf.errors.OpError) as raised:
+        list(digits.batches(0))
+    assert str(input_errors.usage_error(raised.value, digits)) == (
+        f"TFDS dataset mnist has a damaged file {bad} (truncated record at 1152: Read less bytes "
+        f"than requested); prepare it again: tfds build mnist --data_dir={tmp_path} --overwrite")
+
+
+def test_a_check_failing_inside_a_pipeline_in_fit_gives_its_own_message_alone():
+    import keras
+
+    def checked(x):
+        with tf.control_dependencies([tf.debugging.assert_less(
+                x, tf.constant(2, tf.int64), message="ids must be below 2")]):
+            x = tf.cast(x[tf.newaxis], tf.float32)
+        return x, x
+
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    with pytest.raises(tf.errors.OpError) as raised:
+        model.fit(tf.data.Dataset.range(4).map(checked).batch(1), verbose=0)
+    assert str(input_errors.usage_error(raised.value)) == (
+        "reading the input data failed (ids must be below 2); check the data and the recipe's "
+        "load_data")
+
+
+def test_arrays_of_different_lengths_are_named():
+    with pytest.raises(UsageError) as error:
+        data.from_arrays(({"dense": np.zeros(10), "ids": np.zeros(10)}, np.zeros(9)), 2,
+                         training=True)
+    assert str(error.value) == ("arrays of different lengths (0/dense: 10, 0/ids: 10, 1: 9); "
+                                "give every feature and the labels one row per example")
