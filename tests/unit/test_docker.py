@@ -142,3 +142,16 @@ def test_the_slurm_script_is_valid_bash_and_launches_a_valid_command():
     options = _horovodrun_options(command)
     assert options["--config-file"] == "horovodrun.cfg" and options["-np"] == "$SLURM_NTASKS"
     _dry_run([word.replace("$SLURM_JOB_ID", "1") for word in command])
+
+
+def test_the_readmes_launches_check_their_config_file_first():
+    readme = (REPO / "README.md").read_text()
+    launches = 0
+    for block in re.findall(r"^```sh\n(.*?)^```", readme, re.MULTILINE | re.DOTALL):
+        commands = _commands(block)
+        for i, words in enumerate(commands):
+            if words[0] == "horovodrun" and "--config-file" in words:
+                launches += 1
+                config = words[words.index("--config-file") + 1]
+                assert ["hvdtrain", "check-config", config] in commands[:i], words
+    assert launches >= 3
