@@ -144,7 +144,7 @@ def _check_config(paths):
     if len(paths) != 1:
         raise UsageError("check-config takes one file: hvdtrain check-config horovodrun.cfg")
     config = horovod_config.check(paths[0])
-    settings = sum(len(v) if isinstance(v, dict) else 1 for v in config.values())
+    settings = sum(len(v) if isinstance(v, dict) else v is not None for v in config.values())
     print(f"hvdtrain: {paths[0]} is valid for horovodrun --config-file "
           f"({settings} settings in {len(config)} sections)")
 
