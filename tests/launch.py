@@ -37,12 +37,15 @@ def worker(name):
 
 
 # horovodrun prefixes each rank's lines: "[1]<stderr>:" (Gloo), "[1,1]<stderr>:" (MPI).
-_RANK_LINE = re.compile(r"^\[(?:\d+,)?(\d+)\]<std(?:out|err)>:(.*)$", re.MULTILINE)
+_RANK_TAG = r"\[(?:\d+,)?(\d+)\]<std(?:out|err)>:"
+_RANK_LINE = re.compile(rf"^{_RANK_TAG}(.*)$", re.MULTILINE)
 
 
 def rank_lines(output):
-    """(rank, text) for each line a rank printed under horovodrun."""
-    return [(int(rank), text) for rank, text in _RANK_LINE.findall(output)]
+    """(rank, text) for each line a rank printed under horovodrun. mpirun
+    tags every write, so a line written in pieces (Python's traceback, an
+    unbuffered print) carries tags inside it too: those are dropped."""
+    return [(int(rank), re.sub(_RANK_TAG, "", text)) for rank, text in _RANK_LINE.findall(output)]
 
 
 def start(command, log, env=None):
