@@ -27,7 +27,6 @@ import sys
 import sysconfig
 import threading
 import time
-import urllib.error
 import urllib.request
 
 import horovod
@@ -104,6 +103,7 @@ class Watchdog:
         self._last = time.monotonic()
         self._paused = 0
         self._stop = threading.Event()
+        self._publishing = threading.Lock()   # the last heartbeat is stop()'s
         self._thread = threading.Thread(target=self._watch, name="hvdtrain-watchdog",
                                         daemon=True)
 
@@ -111,7 +111,10 @@ class Watchdog:
         self._thread.start()
 
     def stop(self):
-        self._stop.set()
+        """Stops watching; the others then know this rank is done, not lost."""
+        with self._publishing:
+            self._stop.set()
+            self._publish(dict(self.heartbeat(), phase="finished", done=True))
 
     def progress(self, phase=None):
         self._last = time.monotonic()
@@ -135,6 +138,11 @@ class Watchdog:
                     batches=None if _delivered is None else int(_delivered.numpy()),
                     time=time.time())
 
+    def _publish(self, beat):
+        rank, _ = _rank_and_size()
+        if self.board is not None and rank is not None:
+            self.board.put(rank, beat)
+
     def _idle(self):
         return 0.0 if self._paused else time.monotonic() - self._last
 
@@ -142,8 +150,10 @@ class Watchdog:
         while not self._stop.wait(min(self.timeout / 4, 5.0)):
             rank, size = _rank_and_size()
             beat = self.heartbeat()
-            if self.board is not None and rank is not None:
-                self.board.put(rank, beat)
+            with self._publishing:
+                if self._stop.is_set():
+                    return
+                self._publish(beat)
             if self._idle() > self.timeout:
                 beats = self.board.read(size) if self.board is not None and size else {}
                 if rank is not None:
@@ -155,10 +165,12 @@ class Watchdog:
 
 def stall_message(beats, size, timeout, now):
     """The line that ends a stalled job, from the ranks' heartbeats."""
-    silent = [r for r in range(size) if r not in beats or now - beats[r]["time"] > timeout]
-    working = [r for r in range(size) if r in beats and not beats[r]["waiting"]]
+    silent = [r for r in range(size) if r not in beats or (
+        now - beats[r]["time"] > timeout and not beats[r].get("done"))]
+    working = [r for r in range(size) if r in beats and not beats[r]["waiting"]
+               and not beats[r].get("done")]
     blamed = silent or _fewest_batches(working, beats) or sorted(beats)
-    waiting = [r for r in sorted(beats) if r not in blamed]
+    waiting = [r for r in sorted(beats) if r not in blamed and not beats[r].get("done")]
     named = "; ".join(_describe(r, beats.get(r), r in silent) for r in blamed)
     text = (f"hvdtrain: error: no progress for {timeout:g} s: "
             f"{_ranks(blamed)} stopped making progress ({named})")

@@ -34,3 +34,10 @@ def test_a_rank_without_a_recent_heartbeat_is_named_as_gone():
 def test_ranks_all_in_one_place_are_all_named():
     beats = {r: _beat("training epoch 1, step 3", True) for r in range(2)}
     assert "ranks 0, 1 stopped making progress" in stall_message(beats, 2, 12, 1000)
+
+
+def test_a_rank_that_finished_is_not_named():
+    beats = {0: _beat("exporting the model", False),
+             1: dict(_beat("finished", False, age=60), done=True)}
+    message = stall_message(beats, 2, 12, 1000)
+    assert "rank 0 stopped making progress" in message and "wait" not in message
