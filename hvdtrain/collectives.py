@@ -33,7 +33,7 @@ def broadcast_variables(variables, root_rank=0):
 
 @tf.function(reduce_retracing=True)
 def _broadcast(values, root_rank):
-    return [hvd.broadcast(v, root_rank, name=f"hvdtrain.broadcast.{i}")
+    return [hvd.broadcast(v, root_rank, name=f"hvdtrain.broadcast.{i}", ignore_name_scope=True)
             for i, v in enumerate(values)]
 
 

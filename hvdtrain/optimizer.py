@@ -160,7 +160,8 @@ class _DistributedMixin:
     _hvd_local = LocalVariables()
 
     def register_local_var(self, var):
-        """Keeps `var`'s gradient on each rank (Horovod's per-rank variables)."""
+        """Keeps `var`'s gradient on each rank (Horovod's per-rank variables).
+        Register before the first step: the train step reads these when traced."""
         self._hvd_local.add(var)
 
     def build(self, variables):
