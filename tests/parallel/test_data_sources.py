@@ -3,6 +3,7 @@ example read at most once per epoch, the same steps everywhere, exact
 evaluation coverage, and bad data refused on every rank."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -110,6 +111,15 @@ def _one_error_line(result):
     return errors.pop()
 
 
+def _every_rank_says(result, line):
+    """Both ranks printed `line` as their error, and exited with status 2."""
+    output = result.stdout + result.stderr
+    errors = {rank: text for rank, text in rank_lines(output) if "hvdtrain: error:" in text}
+    assert errors == {0: line, 1: line}, output[-3000:]
+    assert re.search(r"Process \d exit with status code 2", output), output[-3000:]
+    assert not any("Traceback" in text for _, text in rank_lines(output))
+
+
 def _train(recipe, data_dir, tmp_path):
     return horovodrun(["hvdtrain", "train", f"--recipe={REPO / 'tests' / 'recipes' / recipe}",
                        f"--data_dir={data_dir}", f"--model_dir={tmp_path / 'model'}"], timeout=120)
@@ -117,22 +127,44 @@ def _train(recipe, data_dir, tmp_path):
 
 def test_corrupt_tfrecord_is_reported_by_every_rank(tmp_path):
     pattern = write_tfrecords(tmp_path / "records", [10, 10, 10])
-    path = tmp_path / "records" / "part-001.tfrecord"
+    path = tmp_path / "records" / "part-001.tfrecord"  # rank 1's file
     path.write_bytes(path.read_bytes()[:-7])
-    result = _train("records.py", pattern, tmp_path)
-    assert f"corrupt TFRecord file {path}" in _one_error_line(result)
-    assert len([1 for _, t in rank_lines(result.stderr) if "corrupt TFRecord" in t]) in (1, 2)
+    _every_rank_says(_train("records.py", pattern, tmp_path), (
+        f"hvdtrain: error: TFRecord file {path} is truncated (it ends inside the record at byte "
+        "279); replace it with a complete copy or remove it (found by rank 1)"))
 
 
-@pytest.mark.parametrize("case", ["empty glob", "mixed image sizes", "missing tfds dataset"])
+def test_mixed_image_sizes_name_the_odd_file_on_every_rank(tmp_path):
+    root = write_images(tmp_path / "images", per_class=4, sizes=((4, 4), (7, 3)))
+    _every_rank_says(_train("images.py", root, tmp_path), (
+        f"hvdtrain: error: images of different sizes: {root}/class0/1.png is 7x3 (height x "
+        f"width), the first, {root}/class0/0.png, is 4x4; resize the files to one size, or have "
+        "the recipe resize them with from_image_folder(..., image_size=(HEIGHT, WIDTH)) "
+        "(found by rank 1)"))
+
+
+def test_an_image_damaged_inside_is_named_by_the_rank_that_reads_it(tmp_path):
+    root = write_images(tmp_path / "images", per_class=4)
+    bad = tmp_path / "images" / "class1" / "3.png"  # rank 1's; its header and end are whole
+    content = bytearray(bad.read_bytes())
+    content[content.find(b"IDAT") + 6] ^= 0xFF
+    bad.write_bytes(bytes(content))
+    result = _train("images.py", root, tmp_path)
+    output = result.stdout + result.stderr
+    errors = {rank: text for rank, text in rank_lines(output) if "hvdtrain: error:" in text}
+    # Found while training: the other rank stops, saying why, if it can before the launcher ends it.
+    assert errors[1] == (f"hvdtrain: error: corrupt image {bad} (Invalid PNG data, size 77); "
+                         "replace or remove it"), output[-3000:]
+    assert errors.get(0, PEER).startswith(PEER), output[-3000:]
+    assert "Process 1 exit with status code 2" in output, output[-3000:]
+    assert not any("Traceback" in text for _, text in rank_lines(output))
+
+
+@pytest.mark.parametrize("case", ["empty glob", "missing tfds dataset"])
 def test_bad_data_ends_the_job_with_one_clear_line(tmp_path, case):
     if case == "empty glob":
         result = _train("records.py", tmp_path / "none-*.tfrecord", tmp_path)
         assert "no files match" in _one_error_line(result)
-    elif case == "mixed image sizes":
-        root = write_images(tmp_path / "images", per_class=4, sizes=((4, 4), (7, 3)))
-        result = _train("images.py", root, tmp_path)
-        assert "images of different sizes" in _one_error_line(result)
     else:
         result = _train("tfds_mnist.py", tmp_path / "empty", tmp_path)
         assert "TFDS dataset mnist is not prepared in" in _one_error_line(result)
