@@ -5,8 +5,9 @@ horovodrun (SIGTERM or SIGKILL) kills that shell only, and mpirun and its
 workers, no longer supervised by anyone, would train on to the end and keep
 writing the model directory. So a worker watches the processes that launched
 it: its parent (mpirun, or on other hosts MPI's daemon, which exits with
-mpirun; horovodrun's shell under Gloo) and, when the parent is an MPI
-launcher run by a `sh -c` (horovodrun's, or a wrapper script's), that shell.
+mpirun; horovodrun's shell under Gloo), the MPI processes above that (MPICH's
+proxy runs under mpiexec), and the `sh -c` that runs the topmost of them
+(horovodrun's, or a wrapper script's).
 When one of them is gone (the worker or the launcher was re-parented), the
 worker exits non-zero within a second; mpirun then stops the job's other
 workers, on every host. An interactive shell that started mpirun (e.g. under
@@ -17,7 +18,8 @@ import os
 import sys
 import threading
 
-_MPI_LAUNCHERS = {"mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra"}
+_MPI_PROCESSES = {"mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra", "orted", "prted",
+                  "hydra_pmi_proxy"}
 _LAUNCHED_BY = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 _CHECK_SECONDS = 1.0
 
@@ -33,16 +35,19 @@ def start(rank):
 
 
 def launch_chain(pid):
-    """[(process, its parent)] to watch for `pid`: its parent, and the
-    parent's shell when the parent is an MPI launcher run by `sh -c`."""
+    """[(process, its parent)] to watch for `pid`: its parent, the MPI
+    processes above it and the `sh -c` that runs the topmost."""
     parent = _parent(pid)
     if parent is None or parent <= 1:
         return []
     chain = [(pid, parent)]
-    launcher, shell = _argv(parent), _parent(parent)
-    if (launcher and os.path.basename(launcher[0]) in _MPI_LAUNCHERS and shell and shell > 1
-            and _is_sh_c(_argv(shell))):
-        chain.append((parent, shell))
+    while _name(parent) in _MPI_PROCESSES:
+        above = _parent(parent)
+        if not above or above <= 1 or not (_name(above) in _MPI_PROCESSES
+                                            or _is_sh_c(_argv(above))):
+            break
+        chain.append((parent, above))
+        parent = above
     return chain
 
 
@@ -84,6 +89,11 @@ def _argv(pid):
             return cmdline.read().decode(errors="replace").split("\0")
     except OSError:
         return []
+
+
+def _name(pid):
+    argv = _argv(pid)
+    return os.path.basename(argv[0]) if argv else None
 
 
 def _is_sh_c(argv):
