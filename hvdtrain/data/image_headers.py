@@ -9,8 +9,8 @@ refused here; damage in the middle of the data is found only by decoding.
 
 import struct
 
-_HEAD = 64 * 1024   # JPEG: the frame header usually comes before this
-_TAIL = 4 * 1024    # end markers are looked for this close to the end
+_HEAD = 32          # PNG, BMP and GIF give their size in these; JPEG's is found by seeking
+_TAIL = 1024        # end markers are looked for this close to the end
 
 
 class BadImage(ValueError):

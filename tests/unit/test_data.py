@@ -7,7 +7,7 @@ import tensorflow as tf
 import hvdtrain
 import tfds_data
 from hvdtrain import data
-from hvdtrain.data import input_errors
+from hvdtrain.data import image_headers, input_errors
 from hvdtrain.errors import UsageError
 
 
@@ -219,3 +219,12 @@ def test_arrays_of_different_lengths_are_named():
                          training=True)
     assert str(error.value) == ("arrays of different lengths (0/dense: 10, 0/ids: 10, 1: 9); "
                                 "give every feature and the labels one row per example")
+
+
+@pytest.mark.parametrize("kind", ["BMP", "GIF", "JPEG", "PNG"])
+def test_headers_give_the_size_tensorflow_decodes(tmp_path, kind):
+    image_module = pytest.importorskip("PIL.Image")  # only to write the files
+    path = tmp_path / f"image.{kind.lower()}"
+    image_module.fromarray(np.zeros((5, 7, 3), np.uint8)).save(path, kind, progressive=True)
+    decoded = tf.io.decode_image(tf.io.read_file(str(path)), channels=3, expand_animations=False)
+    assert image_headers.size(path) == tuple(decoded.shape[:2]) == (5, 7)
