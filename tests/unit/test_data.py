@@ -228,3 +228,17 @@ def test_headers_give_the_size_tensorflow_decodes(tmp_path, kind):
     image_module.fromarray(np.zeros((5, 7, 3), np.uint8)).save(path, kind, progressive=True)
     decoded = tf.io.decode_image(tf.io.read_file(str(path)), channels=3, expand_animations=False)
     assert image_headers.size(path) == tuple(decoded.shape[:2]) == (5, 7)
+
+
+def test_a_tfrecord_file_gone_while_training_is_named_as_unreadable(tmp_path):
+    for i in range(2):
+        write_records(tmp_path / f"part-{i}.tfrecord", range(10))
+    records = data.from_tfrecords(str(tmp_path / "part-*.tfrecord"), parse_id, 4, training=True)
+    gone = tmp_path / "part-1.tfrecord"
+    gone.unlink()
+    with pytest.raises(tf.errors.OpError) as raised:
+        list(records.batches(0))
+    message = str(input_errors.usage_error(raised.value, records))
+    assert message.startswith(f"cannot read TFRecord file {gone} (")
+    assert message.endswith("); check that it exists and is readable")
+    assert_one_clean_line(message, gone)
