@@ -6,7 +6,10 @@ block every rank.
 Cases (argv[2:]): "extra_layer": rank 1 makes a throwaway layer first, then
 every rank fits with DistributedOptimizer and runs a DistributedGradientTape
 step; "load_twice": Horovod's resume pattern twice in one process: rank 0
-loads a saved model with hvd.load_model, the others build it; all fit it.
+loads a saved model with hvd.load_model, the others build it; all fit it;
+"two_optimizers": one tf.function step updates two models with two
+accumulating DistributedOptimizers (their reductions in two cond branches
+of one graph).
 """
 
 import sys
@@ -64,7 +67,29 @@ def load_twice(out):
         fit(model, f"load_twice{number}")
 
 
+def two_optimizers():
+    models = [make_model(), make_model()]
+    optimizers = [hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+                  for _ in models]
+    x, y = data()
+
+    @tf.function
+    def step():
+        for model, optimizer in zip(models, optimizers):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(keras.losses.mean_squared_error(y, model(x)))
+            optimizer.apply(tape.gradient(loss, model.trainable_variables),
+                            model.trainable_variables)
+        return loss
+
+    for _ in range(4):
+        loss = step()
+    print(f"trained two_optimizers {float(loss):.6f}", flush=True)
+
+
 OUT = sys.argv[1]
 hvd.init()
+CASES = {"extra_layer": extra_layer, "load_twice": lambda: load_twice(OUT),
+         "two_optimizers": two_optimizers}
 for name in sys.argv[2:]:
-    extra_layer() if name == "extra_layer" else load_twice(OUT)
+    CASES[name]()
