@@ -13,7 +13,8 @@ differ between ranks whose models got other auto-generated names (a layer
 made first on one rank, a model loaded from a file on rank 0 only): every
 rank would wait forever. So each collective is named by what every rank
 shares: the reducer's place among the reducers this process traced, and the
-gradient's position (Horovod's `use_generic_names`).
+gradient's position (Horovod's `use_generic_names`). A retrace keeps the
+reducer's number; two optimizers in one step get two.
 """
 
 import dataclasses
@@ -28,9 +29,9 @@ from hvdtrain.errors import UsageError
 
 OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
 
-# Numbers the reducers in the order this process first reduces with them:
-# the same on every rank, as every rank runs the same steps.
-_REDUCER_NUMBERS = itertools.count()
+# Numbers the reducers in the order this process first traces them: the
+# same on every rank, as every rank runs the same steps.
+_TRACED_REDUCERS = itertools.count()
 
 
 class LocalVariables:
@@ -122,7 +123,7 @@ class GradientReducer:
             if self.sparse_as_dense:
                 grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
                          for g in grads]
-            prefix = f"hvdtrain.reducer{self._number()}"
+            prefix = "hvdtrain.reducer" if tf.executing_eagerly() else self._traced_name()
             with root_name_scope():
                 for group in self._split(shared, variables):
                     name = f"{prefix}.grads{group[0]}"
@@ -134,10 +135,13 @@ class GradientReducer:
                 reduced[i] = _divided(grads[i], self.size())
         return reduced
 
-    def _number(self):
-        if "_reducer_number" not in self.__dict__:
-            object.__setattr__(self, "_reducer_number", next(_REDUCER_NUMBERS))
-        return self._reducer_number
+    def _traced_name(self):
+        # Horovod ignores the names of eager collectives: only traced
+        # reducers are numbered (a worker that joins an elastic job counts
+        # as the others do, whatever they ran eagerly before).
+        if "_traced_number" not in self.__dict__:
+            object.__setattr__(self, "_traced_number", next(_TRACED_REDUCERS))
+        return f"hvdtrain.reducer{self._traced_number}"
 
     def _split(self, indices, variables):
         if self.groups is None:
