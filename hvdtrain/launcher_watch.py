@@ -22,14 +22,17 @@ _MPI_PROCESSES = {"mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra", "o
                   "hydra_pmi_proxy"}
 _LAUNCHED_BY = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 _CHECK_SECONDS = 1.0
+_watching = threading.Event()
 
 
 def start(rank):
-    """Watches this worker's launchers from a thread, if a launcher started it."""
-    if not any(name in os.environ for name in _LAUNCHED_BY):
+    """Watches this worker's launchers from a thread, if a launcher started
+    it (once per process: its launchers do not change)."""
+    if _watching.is_set() or not any(name in os.environ for name in _LAUNCHED_BY):
         return
     chain = launch_chain(os.getpid())
     if chain:
+        _watching.set()
         threading.Thread(target=_watch, args=(rank, chain), name="hvdtrain-launcher-watch",
                          daemon=True).start()
 
