@@ -190,3 +190,15 @@ def test_best_model_checkpoint_saves_improvements_only_atomically(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "best-1.weights.h5", "best-2.weights.h5", "best-4.weights.h5"]
     model.load_weights(tmp_path / "best-4.weights.h5")
+
+
+def test_local_variables_are_not_made_optimizer_state(tmp_path):
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+    optimizer = hvd.PartialDistributedOptimizer(keras.optimizers.Adam(0.01),
+                                                local_layers=model.layers[1])
+    model.compile(optimizer=optimizer, loss="mse")
+    model.fit(np.ones((4, 3), "float32"), np.ones((4, 1), "float32"), verbose=0)
+    assert len(list(optimizer._hvd_local)) == 2
+    assert len(optimizer.variables) == 2 + 2 * 4   # iterations, rate, two slots per weight
+    model.save(tmp_path / "model.keras")
+    assert len(hvd.load_model(tmp_path / "model.keras").optimizer.variables) == 10
