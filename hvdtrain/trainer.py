@@ -165,6 +165,7 @@ def _starting_point(state, model, config, checkpoints, steps):
                      Position(epoch, step, steps, hvd.size(), config.batch_size).describe())
         return epoch, step
     # The run's first start (elastic: every worker is here, none has committed yet).
+    run_lock.acquire(checkpoints.parent)
     if config.resume:
         epoch, step = resume.restore(model, checkpoints, config, steps)
     else:
