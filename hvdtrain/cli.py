@@ -50,7 +50,7 @@ flags.DEFINE_integer("keep_checkpoints", None, "Checkpoints kept: the newest thi
 flags.DEFINE_string("best_metric", None, "Metric whose best checkpoint is kept (e.g. val_accuracy; empty: none).")
 flags.DEFINE_enum("nan_policy", None, NAN_POLICIES, "fail: stop every rank when the loss is NaN or infinite; ignore: train on.")
 flags.DEFINE_integer("elastic_commit_steps", None, "Under horovodrun's elastic mode: commit the training state every this many steps (and at each epoch's end); a lost worker costs the steps since the last commit, and added hosts join at the next one.")
-flags.DEFINE_float("stall_timeout", None, "Seconds a rank waits for a hung peer before Horovod's stall check stops the job (hvdtrain's own watchdog: 3 times that); 0: never.")
+flags.DEFINE_float("stall_timeout", None, "Seconds a rank waits for a hung peer before Horovod's stall check stops the job; hvdtrain's watchdog, over the whole run and under any controller, names the hung rank and stops the job after 3 times that; 0: never.")
 flags.DEFINE_integer("intra_op_threads", None, "Threads per op in each process (0: cores / local processes).")
 flags.DEFINE_integer("inter_op_threads", None, "Threads for independent ops (0: TensorFlow's default).")
 flags.DEFINE_bool("export", None, "Rank 0 writes the trained model (.keras and SavedModel) to --model_dir.")
