@@ -21,6 +21,7 @@ from hvdtrain.compression import Compression
 from hvdtrain.data import input_errors
 from hvdtrain.errors import TrainingError
 from hvdtrain.evaluation import ExactEvaluation
+from hvdtrain.model_dir import DEFAULT_PARENT, check_usable
 from hvdtrain.optimizer import DistributedOptimizer
 
 COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16, "bf16": Compression.bf16}
@@ -46,10 +47,11 @@ def train(config):
     they change, training goes on from the last commit on the new ones."""
     config.validate()
     recipe = recipe_lib.get(config.recipe)
+    model_dir = pathlib.Path(config.model_dir or DEFAULT_PARENT / recipe.name)
+    check_usable(model_dir)
     runtime.init(config.intra_op_threads, config.inter_op_threads, precision=config.precision,
                  stall_timeout=config.stall_timeout, timeline=bool(config.timeline_steps),
                  verbose_all_ranks=config.verbose_all_ranks)
-    model_dir = pathlib.Path(config.model_dir or pathlib.Path("runs", recipe.name))
     try:
         return _train(config, recipe, model_dir)
     finally:

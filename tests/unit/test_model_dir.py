@@ -1,0 +1,34 @@
+"""The model directory is checked before a run starts anything expensive."""
+
+import pytest
+
+from hvdtrain import trainer
+from hvdtrain.config import TrainConfig
+from hvdtrain.errors import UsageError
+from hvdtrain.model_dir import check_usable
+
+
+def test_a_directory_that_can_be_made_passes_and_nothing_is_left_behind(tmp_path):
+    check_usable(tmp_path / "a" / "b")
+    check_usable(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("where, message", [
+    ("file", "is a file, not a directory"),
+    ("file/run", "is under {tmp}/file, a file, not a directory"),
+    ("/proc/hvdtrain-run", "cannot be written (/proc: "),
+])
+def test_an_unusable_model_dir_is_named_with_the_fix(tmp_path, where, message):
+    (tmp_path / "file").write_text("")
+    path = where if where.startswith("/") else tmp_path / where
+    with pytest.raises(UsageError) as error:
+        check_usable(path)
+    assert message.format(tmp=tmp_path) in str(error.value)
+    assert str(error.value).startswith(f"--model_dir={path} ")
+
+
+def test_the_python_api_checks_it_before_horovod_starts(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UsageError, match="is a file, not a directory"):
+        trainer.train(TrainConfig(model_dir=str(tmp_path / "file")))
