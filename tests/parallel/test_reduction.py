@@ -105,15 +105,16 @@ def test_own_process_sets_train_each_rank_on_its_shard(tmp_path, references):
 
 def test_ranks_whose_layers_are_named_differently_train_together(tmp_path):
     # Rank 1's auto-generated layer names are shifted by a throwaway layer;
-    # then Horovod's resume pattern (rank 0 alone loads the model) twice in
-    # one process; two optimizers in one step. Collectives named after
+    # then Horovod's load_model test (rank 0 loads the model it saved, the
+    # others build a new one) twice in one process; two optimizers in one step. Collectives named after
     # layers would block every rank, ones named alike would collide.
     result = horovodrun([*worker("rank_names"), tmp_path, "extra_layer", "load_twice",
                          "two_optimizers"], timeout=150)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     trained = [(rank, text.split()[1]) for rank, text in rank_lines(result.stdout)
                if text.startswith("trained")]
-    cases = ["extra_layer", "extra_layer_tape", "load_twice1", "load_twice2", "two_optimizers"]
+    cases = ["extra_layer", "extra_layer_tape", "load_twice1_saved", "load_twice1",
+             "load_twice2_saved", "load_twice2", "two_optimizers"]
     assert sorted(trained) == sorted((r, c) for r in (0, 1) for c in cases)
 
 

@@ -5,8 +5,9 @@ block every rank.
 
 Cases (argv[2:]): "extra_layer": rank 1 makes a throwaway layer first, then
 every rank fits with DistributedOptimizer and runs a DistributedGradientTape
-step; "load_twice": Horovod's resume pattern twice in one process: rank 0
-loads a saved model with hvd.load_model, the others build it; all fit it;
+step; "load_twice": Horovod's load_model test twice in one process: every rank
+fits a model, rank 0 saves it and loads it back with hvd.load_model while
+the others build a new one; all fit that;
 "two_optimizers": one tf.function step updates two models with two
 accumulating DistributedOptimizers (their reductions in two cond branches
 of one graph).
@@ -55,12 +56,16 @@ def extra_layer():
 
 def load_twice(out):
     for number in (1, 2):
+        trained = make_model()
+        trained.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)),
+                        loss="mse")
+        fit(trained, f"load_twice{number}_saved")
         if hvd.rank() == 0:
-            saved = make_model()
-            saved.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
-            saved.save(f"{out}/model{number}.keras")
+            trained.save(f"{out}/model{number}.keras")
+        hvd.allreduce(0, name=f"saved{number}")  # the file is there for rank 0 to load
+        if hvd.rank() == 0:
             model = hvd.load_model(f"{out}/model{number}.keras")
-        else:
+        else:  # a new model: other auto-generated names than the loaded one's
             model = make_model()
             model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)),
                           loss="mse")
