@@ -10,6 +10,7 @@ _EXPORTS = {
     "Compression": "hvdtrain.compression",
     "DistributedGradientTape": "hvdtrain.tape",
     "DistributedOptimizer": "hvdtrain.optimizer",
+    "PartialDistributedOptimizer": "hvdtrain.optimizer",
     "Recipe": "hvdtrain.recipe",
     "Splits": "hvdtrain.recipe",
     "TrainConfig": "hvdtrain.config",
