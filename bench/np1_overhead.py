@@ -93,7 +93,7 @@ def work(scratch):
     hvd_model = model(hvdtrain.DistributedOptimizer(
         trainer._optimizer(config, config.learning_rate), average_aggregated_gradients=True))
     splits = recipe.load_data(config)
-    hvd_callbacks, _, _, hvd_meter, log = trainer._callbacks(
+    hvd_callbacks, _, hvd_meter, log = trainer._callbacks(
         None, config, pathlib.Path(scratch), config.learning_rate, splits.train.steps,
         splits.validation.steps)
     log.start(config, (0, 0), resumed=False)
