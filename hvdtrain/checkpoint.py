@@ -83,6 +83,12 @@ class Checkpoint:
         return cls(path, Position(**meta["position"]), meta.get("metric"), meta["settings"])
 
 
+def all_finite(values):
+    """Whether every floating-point value in `values` (arrays) is finite: a
+    state that is not is never written, as a checkpoint or as the model."""
+    return all(np.isfinite(v).all() for v in values if np.issubdtype(v.dtype, np.floating))
+
+
 def save(directory, variables, position, settings, metric=None, names=None):
     """Writes `variables` (arrays, or Keras or TF variables; `names` for
     readers) as the checkpoint at `position`; returns its path. Rank 0 only."""

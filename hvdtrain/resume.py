@@ -13,7 +13,6 @@ import time
 
 import horovod.tensorflow as hvd
 import keras
-import numpy as np
 from absl import logging
 
 from hvdtrain import checkpoint, collectives, optimizer as optimizer_lib, runtime
@@ -79,7 +78,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
         start = time.perf_counter()
         values = [keras.ops.convert_to_numpy(v) for v in values]
         position = Position(epoch, step, self.steps, hvd.size(), self.batch_size)
-        if not all(np.isfinite(v).all() for v in values if np.issubdtype(v.dtype, np.floating)):
+        if not checkpoint.all_finite(values):
             # Never let a diverged state push good checkpoints out.
             message = (f"the model's state is no longer finite after {position.describe()}: "
                        "no checkpoint written; lower --learning_rate or check the data, then "

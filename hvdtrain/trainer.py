@@ -9,12 +9,11 @@ import time
 
 import horovod.tensorflow as hvd
 import keras
-import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from hvdtrain import (callbacks, collectives, elastic, export, resume, run_lock, run_log, runtime,
-                      throughput, watchdog)
+from hvdtrain import (callbacks, checkpoint, collectives, elastic, export, resume, run_lock,
+                      run_log, runtime, throughput, watchdog)
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.checkpoint import Position
 from hvdtrain.compression import Compression
@@ -92,8 +91,7 @@ def _refuse_non_finite(model, model_dir):
     """Ends the run, on every rank, when training left weights that are not
     finite (possible with --nan_policy=ignore): such a model is not trained,
     and is not written over anything."""
-    values = [keras.ops.convert_to_numpy(v) for v in model.weights]
-    finite = all(np.isfinite(v).all() for v in values if np.issubdtype(v.dtype, np.floating))
+    finite = checkpoint.all_finite([keras.ops.convert_to_numpy(v) for v in model.weights])
     if collectives.agree_on_min(int(finite), name="hvdtrain.finite_weights"):
         return
     raise TrainingError(f"training ended with weights that are not finite (NaN or infinite): "
