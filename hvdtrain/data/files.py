@@ -43,11 +43,11 @@ def from_tfrecords(pattern, parse, batch_size, *, training, seed=0, deterministi
 
     def parsed(path, first_only=False):
         records = tf.data.TFRecordDataset(path)
-        return _count(records.take(1) if first_only else records,
-                      lambda record: parse(record, example_seed))
+        return count_records(records.take(1) if first_only else records,
+                             lambda record: parse(record, example_seed))
 
     counts, failure = input_errors.each_file(
-        mine, lambda path: _count(tf.data.TFRecordDataset(path)))
+        mine, lambda path: count_records(tf.data.TFRecordDataset(path)))
     if not failure:
         _, failure = input_errors.each_file(mine, lambda path: parsed(path, first_only=True))
     collectives.raise_together(UsageError(tfrecord_problem(*failure)) if failure else None)
@@ -165,7 +165,7 @@ def _assign(files, source):
     return files, True
 
 
-def _count(records, parse=None):
+def count_records(records, parse=None):
     """The number of `records` (a dataset), each parsed first with `parse`."""
     if parse is not None:
         records = records.map(parse)

@@ -17,6 +17,7 @@ from absl import logging
 
 from hvdtrain import collectives, runtime
 from hvdtrain.data import input_errors, sharding
+from hvdtrain.data.files import count_records
 from hvdtrain.errors import UsageError
 
 
@@ -84,8 +85,8 @@ def _explain(builder, split, paths, error):
     if isinstance(error, tf.errors.DataLossError):  # a file cut short or damaged
         damaged = None
         if builder.info.file_format == tfds.core.FileFormat.TFRECORD:
-            _, damaged = input_errors.each_file([str(p) for p in paths], lambda path: (
-                tf.data.TFRecordDataset(path).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)))
+            _, damaged = input_errors.each_file(
+                [str(p) for p in paths], lambda path: count_records(tf.data.TFRecordDataset(path)))
         where, error = (damaged[0], damaged[1]) if damaged else (f"in {builder.data_dir}", error)
         return (f"TFDS dataset {builder.name} has a damaged file {where} "
                 f"({input_errors.reason(error)}); prepare it again: {rebuild}")
