@@ -61,12 +61,13 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
         if recording != "DYNAMIC":
             raise UsageError(f"horovodrun already records a timeline to {recording} for the "
                              "whole run; drop --timeline_steps or horovodrun's --timeline-filename")
+    board = watchdog.Board.from_environment()
     if stall_timeout:
         # Well after Horovod's stall check (told stall_timeout), where that can act.
-        watchdog.start(3 * stall_timeout, watchdog.Board.from_environment())
+        watchdog.start(3 * stall_timeout, board)
     hvd.init(comm=comm, process_sets=process_sets)
     watchdog.progress("setting up")
-    if stall_timeout and hvd.size() > 1 and watchdog.Board.from_environment() is None:
+    if stall_timeout and hvd.size() > 1 and board is None:
         watchdog.use_board(watchdog.serve_board())
     launcher_watch.start(hvd.rank())
     gpu = pin_gpu()
