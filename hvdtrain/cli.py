@@ -14,64 +14,47 @@ from a file. Bad input ends every rank with one line on stderr and exit 2.
 
 import dataclasses
 import sys
+import typing
 
 from absl import app, flags
 
 from hvdtrain import horovod_config, model_dir
 from hvdtrain import recipe as recipe_lib
-from hvdtrain.config import (COMPRESSIONS, LR_SCHEDULES, NAN_POLICIES, OPTIMIZERS, PRECISIONS,
-                             TrainConfig)
+from hvdtrain.config import TrainConfig
 from hvdtrain import errors
 from hvdtrain.errors import TrainingError, UsageError
 
 COMMANDS = ("train", "check-config", "doctor", "report")
 
-flags.DEFINE_string("recipe", "digits_cnn", "Recipe to train: a module of recipes/.")
-flags.DEFINE_integer("epochs", None, "Epochs to train.")
-flags.DEFINE_integer("batch_size", None, "Batch size per worker (global: workers x this).")
-flags.DEFINE_float("learning_rate", None, "One worker's learning rate; scaled by the number of workers.")
-flags.DEFINE_float("warmup_epochs", None, "Epochs of linear warm-up to the scaled learning rate.")
-flags.DEFINE_enum("lr_schedule", None, LR_SCHEDULES, "After warm-up: constant, cosine decay to 0 at the end, or step (x0.1 at 1/2 and 3/4 of the epochs).")
-flags.DEFINE_enum("optimizer", None, OPTIMIZERS, "Optimizer.")
-flags.DEFINE_float("momentum", None, "Momentum (sgd).")
-flags.DEFINE_integer("seed", None, "Random seed for weights and shuffling.")
-flags.DEFINE_string("data_dir", None, "TFDS data directory (default: TFDS's, ~/tensorflow_datasets).")
-flags.DEFINE_bool("deterministic", None, "Reproducible input order (tf.data's parallel stages keep order).")
-flags.DEFINE_enum("precision", None, PRECISIONS, "Keras dtype policy (mixed_float16 adds loss scaling).")
-flags.DEFINE_enum("compression", None, COMPRESSIONS, "Compression of the gradients on the wire.")
-flags.DEFINE_integer("backward_passes_per_step", None, "Batches whose gradients accumulate locally per allreduce and update.")
-flags.DEFINE_bool("sparse_as_dense", None, "Reduce embedding gradients densely instead of allgathering them.")
-flags.DEFINE_integer("allreduce_groups", None, "0: each gradient's allreduce starts as soon as it is computed (Horovod fuses those ready together); N: the gradients in N groups, each reduced as one when all of it is ready (fewer collectives; try 1 on CPUs).")
-flags.DEFINE_string("model_dir", None, "Where rank 0 writes checkpoints and the model (default runs/<recipe>).")
-flags.DEFINE_bool("resume", None, "Go on from the newest intact checkpoint in --model_dir (if any).")
-flags.DEFINE_integer("checkpoint_epochs", None, "A checkpoint every this many epochs (0: only after the last).")
-flags.DEFINE_integer("checkpoint_steps", None, "Also a checkpoint every this many training steps (0: none within epochs).")
-flags.DEFINE_integer("keep_checkpoints", None, "Checkpoints kept: the newest this many, plus the best by --best_metric (0: write none).")
-flags.DEFINE_string("best_metric", None, "Metric whose best checkpoint is kept (e.g. val_accuracy; empty: none).")
-flags.DEFINE_enum("nan_policy", None, NAN_POLICIES, "fail: stop every rank when the loss is NaN or infinite; ignore: train on.")
-flags.DEFINE_integer("elastic_commit_steps", None, "Under horovodrun's elastic mode: commit the training state every this many steps (and at each epoch's end); a lost worker costs the steps since the last commit, and added hosts join at the next one.")
-flags.DEFINE_float("stall_timeout", None, "Seconds a rank waits for a hung peer before Horovod's stall check stops the job; hvdtrain's watchdog, over the whole run and under any controller, names the hung rank and stops the job after 3 times that; 0: never.")
-flags.DEFINE_integer("intra_op_threads", None, "Threads per op in each process (0: cores / local processes).")
-flags.DEFINE_integer("inter_op_threads", None, "Threads for independent ops (0: TensorFlow's default).")
-flags.DEFINE_bool("export", None, "Rank 0 writes the trained model (.keras and SavedModel) to --model_dir.")
-flags.DEFINE_integer("throughput_warmup_steps", None, "Training steps at the start of each fit left out of the throughput.")
-flags.DEFINE_integer("throughput_window_steps", None, "Training steps per throughput sample (the report: mean and 95% interval over samples).")
+# TrainConfig's settings; each is a flag of the same name. (Its `options`,
+# the recipe's own settings, come from --option.)
+SETTINGS = tuple(f.name for f in dataclasses.fields(TrainConfig) if f.name != "options")
+_DEFINE_BY_TYPE = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer,
+                   float: flags.DEFINE_float, str: flags.DEFINE_string}
+
+
+def _define_setting_flags():
+    """A flag per setting, of its field's type, with the help and choices
+    the field declares. Unset, a flag is None, so the recipe's default
+    applies; --recipe picks the recipe, so it has the field's default."""
+    for field in dataclasses.fields(TrainConfig):
+        if field.name not in SETTINGS:
+            continue
+        default = field.default if field.name == "recipe" else None
+        help_text = field.metadata["help"]
+        if "choices" in field.metadata:
+            flags.DEFINE_enum(field.name, default, field.metadata["choices"], help_text)
+        else:
+            kind, = set(typing.get_args(field.type) or (field.type,)) - {type(None)}
+            _DEFINE_BY_TYPE[kind](field.name, default, help_text)
+
+
+_define_setting_flags()
 flags.DEFINE_multi_string("option", [], "The recipe's own setting, NAME=VALUE; repeat for several (--helpshort --recipe=NAME lists them).")
-flags.DEFINE_string("timeline_steps", None, "FIRST:LAST: record Horovod's timeline of those global training steps into --model_dir/timeline.json (chrome://tracing, ui.perfetto.dev).")
-flags.DEFINE_bool("verbose_all_ranks", None, "Every rank shows its progress and logs, not only rank 0.")
 flags.DEFINE_bool("self_test", True, "doctor: run the 2-process allreduce self-test under each controller.")
 flags.DEFINE_bool("dry_run", False, "Check the flags and the recipe's settings, print them, and stop before training.")
-flags.DEFINE_integer("verbose", None, "Progress on rank 0: 0 none, 1 bar, 2 line per epoch (default: a bar for one process on a terminal, else 2).")
 
 FLAGS = flags.FLAGS
-_CONFIG_FLAGS = ("epochs", "batch_size", "learning_rate", "warmup_epochs", "optimizer",
-                 "momentum", "seed", "data_dir", "deterministic", "precision", "compression", "backward_passes_per_step",
-                 "sparse_as_dense", "allreduce_groups", "model_dir", "resume", "checkpoint_epochs",
-                 "checkpoint_steps", "keep_checkpoints", "best_metric", "nan_policy",
-                 "elastic_commit_steps", "stall_timeout", "lr_schedule", "export",
-                 "throughput_warmup_steps", "throughput_window_steps", "timeline_steps",
-                 "verbose_all_ranks",
-                 "intra_op_threads", "inter_op_threads", "verbose")
 
 
 def run(argv=None):
@@ -166,7 +149,8 @@ def _report(paths):
 
 
 def _train():
-    values = {name: FLAGS[name].value for name in _CONFIG_FLAGS}
+    # The recipe is make_config's own argument.
+    values = {name: FLAGS[name].value for name in SETTINGS if name != "recipe"}
     # Bad input fails here, before TensorFlow loads: fast, and one line.
     recipe_lib.check_name(FLAGS.recipe)
     TrainConfig().override(**values).validate()

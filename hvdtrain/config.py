@@ -7,9 +7,7 @@ import math
 from hvdtrain.errors import UsageError
 
 OPTIMIZERS = ("sgd", "adam")
-PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 COMPRESSIONS = ("none", "fp16", "bf16")
-NAN_POLICIES = ("fail", "ignore")
 LR_SCHEDULES = ("constant", "cosine", "step")
 
 
@@ -43,66 +41,107 @@ POSITIVE = Range(0, above=True)
 NON_NEGATIVE = Range(0)
 
 
-def _number(default, allowed):
-    """A numeric setting: its values are checked against `allowed`."""
-    return dataclasses.field(default=default, metadata={"range": allowed})
+def _setting(default, help, choices=None):
+    """A setting's default and the help of its flag; `choices`: the values
+    it may take."""
+    return dataclasses.field(default=default, metadata={"help": help} | (
+        {"choices": choices} if choices else {}))
+
+
+def _number(default, allowed, help):
+    """A numeric setting: its values are checked against the Range `allowed`."""
+    return dataclasses.field(default=default, metadata={"help": help, "range": allowed})
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    recipe: str = "digits_cnn"
-    epochs: int = _number(10, POSITIVE)
-    batch_size: int = _number(32, POSITIVE)  # per worker: the global batch is size x this
-    # One worker's; scaled by the number of workers
-    learning_rate: float = _number(0.01, POSITIVE)
-    # Linear warm-up from one worker's rate to the scaled one
-    warmup_epochs: float = _number(2.0, NON_NEGATIVE)
-    # After warm-up: constant; cosine decay to 0 at the last epoch; or step:
-    # x0.1 at half and again at three quarters of the epochs (He et al., 2016).
-    lr_schedule: str = "constant"
-    optimizer: str = "sgd"
-    momentum: float = _number(0.9, Range(0, 1))  # sgd only
-    seed: int = _number(0, Range(0, 2**32))
-    data_dir: str | None = None     # TFDS data directory; None: TFDS's default
-    deterministic: bool = False     # keep tf.data's parallel stages in order
-    precision: str = "float32"      # a Keras dtype policy; mixed_float16 adds dynamic loss scaling
-    compression: str = "none"       # of the gradients on the wire
-    # Local gradient accumulation between allreduces
-    backward_passes_per_step: int = _number(1, POSITIVE)
-    sparse_as_dense: bool = False   # reduce embedding gradients densely instead of allgathering
-    # 0: each gradient's allreduce starts as soon as backprop makes it, and
-    # Horovod fuses those ready together (overlap: best on GPUs). N: N groups,
-    # each negotiated and fused as one, started when the whole group is ready
-    # (fewer collectives, which pays where communication shares the CPU).
-    allreduce_groups: int = _number(0, NON_NEGATIVE)
-    model_dir: str | None = None    # None: runs/<recipe>
-    resume: bool = False            # go on from the newest intact checkpoint in model_dir
-    # A checkpoint every this many epochs (0: only after the last)
-    checkpoint_epochs: int = _number(1, NON_NEGATIVE)
-    # And every this many steps (0: none within epochs)
-    checkpoint_steps: int = _number(0, NON_NEGATIVE)
-    # The newest this many, plus the best by best_metric (0: write none)
-    keep_checkpoints: int = _number(3, NON_NEGATIVE)
-    best_metric: str = "val_loss"   # "": keep no best
-    nan_policy: str = "fail"        # fail: stop all ranks when the loss is not finite
-    # Under horovodrun's elastic mode: commit every this many steps (and at
-    # each epoch's end). A commit costs about one to three steps of a small
-    # model (copying the state, and the host-update check's broadcast): every
-    # 50 keeps that to a few percent, while a lost worker costs at most 50
-    # steps again (less than the restart itself) and a new host waits as long.
-    elastic_commit_steps: int = _number(50, POSITIVE)
-    # Seconds waiting for a hung peer before the job stops (0: never)
-    stall_timeout: float = _number(600.0, NON_NEGATIVE)
-    intra_op_threads: int = _number(0, NON_NEGATIVE)  # 0: host cores / processes on the host
-    inter_op_threads: int = _number(0, NON_NEGATIVE)  # 0: TensorFlow's default
-    verbose: int | None = None      # rank 0's progress; None: a bar on one process's terminal, else a line an epoch
-    export: bool = True             # rank 0 writes the trained model (.keras and SavedModel)
-    timeline_steps: str = ""        # "FIRST:LAST": Horovod's timeline of those global steps
-    verbose_all_ranks: bool = False     # every rank shows its progress, not only rank 0
-    # Steps of each fit left out of the throughput
-    throughput_warmup_steps: int = _number(10, NON_NEGATIVE)
-    throughput_window_steps: int = _number(10, POSITIVE)  # steps per throughput sample
-    options: dict = dataclasses.field(default_factory=dict)  # the recipe's own (Recipe.options)
+    """Each setting once: its default, and in its metadata the help of its
+    flag (cli.py makes one per field but `options`) and the values it may
+    take: `choices`, or a number's `range`."""
+    recipe: str = _setting("digits_cnn", "Recipe to train: a module of recipes/.")
+    epochs: int = _number(10, POSITIVE, "Epochs to train.")
+    batch_size: int = _number(32, POSITIVE, "Batch size per worker (global: workers x this).")
+    learning_rate: float = _number(
+        0.01, POSITIVE, "One worker's learning rate; scaled by the number of workers.")
+    # Linear from one worker's rate to the scaled one
+    warmup_epochs: float = _number(
+        2.0, NON_NEGATIVE, "Epochs of linear warm-up to the scaled learning rate.")
+    lr_schedule: str = _setting(
+        "constant", "After warm-up: constant, cosine decay to 0 at the end, or step (x0.1 at "
+        "1/2 and 3/4 of the epochs).", choices=LR_SCHEDULES)
+    optimizer: str = _setting("sgd", "Optimizer.", choices=OPTIMIZERS)
+    momentum: float = _number(0.9, Range(0, 1), "Momentum (sgd).")
+    seed: int = _number(0, Range(0, 2**32), "Random seed for weights and shuffling.")
+    data_dir: str | None = _setting(
+        None, "TFDS data directory (default: TFDS's, ~/tensorflow_datasets).")
+    deterministic: bool = _setting(
+        False, "Reproducible input order (tf.data's parallel stages keep order).")
+    precision: str = _setting(
+        "float32", "Keras dtype policy (mixed_float16 adds loss scaling).",
+        choices=("float32", "mixed_float16", "mixed_bfloat16"))
+    compression: str = _setting(
+        "none", "Compression of the gradients on the wire.", choices=COMPRESSIONS)
+    backward_passes_per_step: int = _number(
+        1, POSITIVE, "Batches whose gradients accumulate locally per allreduce and update.")
+    sparse_as_dense: bool = _setting(
+        False, "Reduce embedding gradients densely instead of allgathering them.")
+    # N groups are each negotiated and fused as one, started when the whole
+    # group is ready: fewer collectives, which pays where communication shares
+    # the CPU. 0 overlaps the allreduces with backprop: best on GPUs.
+    allreduce_groups: int = _number(
+        0, NON_NEGATIVE, "0: each gradient's allreduce starts as soon as it is computed "
+        "(Horovod fuses those ready together); N: the gradients in N groups, each reduced as "
+        "one when all of it is ready (fewer collectives; try 1 on CPUs).")
+    model_dir: str | None = _setting(
+        None, "Where rank 0 writes checkpoints and the model (default runs/<recipe>).")
+    resume: bool = _setting(
+        False, "Go on from the newest intact checkpoint in --model_dir (if any).")
+    checkpoint_epochs: int = _number(
+        1, NON_NEGATIVE, "A checkpoint every this many epochs (0: only after the last).")
+    checkpoint_steps: int = _number(
+        0, NON_NEGATIVE,
+        "Also a checkpoint every this many training steps (0: none within epochs).")
+    keep_checkpoints: int = _number(
+        3, NON_NEGATIVE, "Checkpoints kept: the newest this many, plus the best by "
+        "--best_metric (0: write none).")
+    best_metric: str = _setting(
+        "val_loss", "Metric whose best checkpoint is kept (e.g. val_accuracy; empty: none).")
+    nan_policy: str = _setting(
+        "fail", "fail: stop every rank when the loss is NaN or infinite; ignore: train on.",
+        choices=("fail", "ignore"))
+    # A commit costs about one to three steps of a small model (copying the
+    # state, and the host-update check's broadcast): every 50 keeps that to a
+    # few percent, while a lost worker costs at most 50 steps again (less than
+    # the restart itself) and a new host waits as long.
+    elastic_commit_steps: int = _number(
+        50, POSITIVE, "Under horovodrun's elastic mode: commit the training state every this "
+        "many steps (and at each epoch's end); a lost worker costs the steps since the last "
+        "commit, and added hosts join at the next one.")
+    stall_timeout: float = _number(
+        600.0, NON_NEGATIVE, "Seconds a rank waits for a hung peer before Horovod's stall "
+        "check stops the job; hvdtrain's watchdog, over the whole run and under any controller, "
+        "names the hung rank and stops the job after 3 times that; 0: never.")
+    intra_op_threads: int = _number(
+        0, NON_NEGATIVE, "Threads per op in each process (0: cores / local processes).")
+    inter_op_threads: int = _number(
+        0, NON_NEGATIVE, "Threads for independent ops (0: TensorFlow's default).")
+    verbose: int | None = _setting(
+        None, "Progress on rank 0: 0 none, 1 bar, 2 line per epoch (default: a bar for one "
+        "process on a terminal, else 2).")
+    export: bool = _setting(
+        True, "Rank 0 writes the trained model (.keras and SavedModel) to --model_dir.")
+    timeline_steps: str = _setting(
+        "", "FIRST:LAST: record Horovod's timeline of those global training steps into "
+        "--model_dir/timeline.json (chrome://tracing, ui.perfetto.dev).")
+    verbose_all_ranks: bool = _setting(
+        False, "Every rank shows its progress and logs, not only rank 0.")
+    throughput_warmup_steps: int = _number(
+        10, NON_NEGATIVE, "Training steps at the start of each fit left out of the throughput.")
+    throughput_window_steps: int = _number(
+        10, POSITIVE,
+        "Training steps per throughput sample (the report: mean and 95% interval over samples).")
+    # The recipe's own (Recipe.options), set by --option=NAME=VALUE
+    options: dict = dataclasses.field(default_factory=dict)
 
     def override(self, **values):
         """A copy with `values` set; None means keep the current value."""
@@ -116,11 +155,10 @@ class TrainConfig:
         for field in dataclasses.fields(self):
             if "range" in field.metadata:
                 _check_number(field, getattr(self, field.name))
-        for name, allowed in (("optimizer", OPTIMIZERS), ("precision", PRECISIONS),
-                              ("compression", COMPRESSIONS), ("nan_policy", NAN_POLICIES),
-                              ("lr_schedule", LR_SCHEDULES)):
-            if getattr(self, name) not in allowed:
-                raise UsageError(f"unknown --{name}={getattr(self, name)}; "
+        for field in dataclasses.fields(self):
+            value, allowed = getattr(self, field.name), field.metadata.get("choices")
+            if allowed and value not in allowed:
+                raise UsageError(f"unknown --{field.name}={value}; "
                                  f"choose one of {', '.join(allowed)}")
         self.timeline_window()
         if self.verbose not in (None, 0, 1, 2):

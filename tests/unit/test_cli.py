@@ -1,5 +1,6 @@
 """The three ways to start a single-process run train the same recipe."""
 
+import dataclasses
 import sys
 
 import pytest
@@ -83,3 +84,18 @@ def test_horovodrun_passes_every_flag_through_to_the_command(monkeypatch):
     command = ["hvdtrain", "train", *(f"--{name}=1" for name in names)]
     monkeypatch.setattr(sys, "argv", ["horovodrun", "-np", "2", "-H", "localhost:2", *command])
     assert launch.parse_args().command == command
+
+
+def test_every_setting_is_a_flag_and_every_other_flag_is_the_commands_own():
+    from absl import flags
+
+    from hvdtrain import cli
+    from hvdtrain.config import TrainConfig
+
+    names = {f.name for f in flags.FLAGS.get_flags_for_module("hvdtrain.cli")}
+    # The one field without a flag of its name: `options`, the recipe's own
+    # settings, which --option sets.
+    settings = {f.name for f in dataclasses.fields(TrainConfig)} - {"options"}
+    assert names - {"option", "self_test", "dry_run"} == settings == set(cli.SETTINGS)
+    # Unset, a setting's flag leaves the recipe's default (--recipe picks the recipe).
+    assert [name for name in settings if flags.FLAGS[name].default is not None] == ["recipe"]
