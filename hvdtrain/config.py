@@ -3,12 +3,27 @@ checked as a whole before any process starts working."""
 
 import dataclasses
 import math
+from collections.abc import Callable
 
+from hvdtrain import schedules
 from hvdtrain.errors import UsageError
 
-OPTIMIZERS = ("sgd", "adam")
+
+@dataclasses.dataclass(frozen=True)
+class Optimizer:
+    """How the trainer builds an optimizer: its keras.optimizers class, and
+    its arguments besides the learning rate, from the config."""
+    keras_class: str
+    arguments: Callable = lambda config: {}
+
+
+# The --optimizer choices, and how the trainer builds each
+OPTIMIZERS = {
+    "sgd": Optimizer("SGD", lambda config: {"momentum": config.momentum}),
+    "adam": Optimizer("Adam"),
+}
+# The --compression choices: the names of compression.Compression's algorithms
 COMPRESSIONS = ("none", "fp16", "bf16")
-LR_SCHEDULES = ("constant", "cosine", "step")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,8 +83,8 @@ class TrainConfig:
         2.0, NON_NEGATIVE, "Epochs of linear warm-up to the scaled learning rate.")
     lr_schedule: str = _setting(
         "constant", "After warm-up: constant, cosine decay to 0 at the end, or step (x0.1 at "
-        "1/2 and 3/4 of the epochs).", choices=LR_SCHEDULES)
-    optimizer: str = _setting("sgd", "Optimizer.", choices=OPTIMIZERS)
+        "1/2 and 3/4 of the epochs).", choices=tuple(schedules.AFTER_WARMUP))
+    optimizer: str = _setting("sgd", "Optimizer.", choices=tuple(OPTIMIZERS))
     momentum: float = _number(0.9, Range(0, 1), "Momentum (sgd).")
     seed: int = _number(0, Range(0, 2**32), "Random seed for weights and shuffling.")
     data_dir: str | None = _setting(

@@ -17,13 +17,12 @@ from hvdtrain import (callbacks, checkpoint, collectives, elastic, export, resum
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.checkpoint import Position
 from hvdtrain.compression import Compression
+from hvdtrain.config import OPTIMIZERS
 from hvdtrain.data import input_errors
 from hvdtrain.errors import TrainingError
 from hvdtrain.evaluation import ExactEvaluation
 from hvdtrain.model_dir import DEFAULT_PARENT, check_usable
 from hvdtrain.optimizer import DistributedOptimizer
-
-COMPRESSIONS = {"none": Compression.none, "fp16": Compression.fp16, "bf16": Compression.bf16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +63,8 @@ def _train(config, recipe, model_dir):
     model = recipe.build_model(config)
     optimizer = DistributedOptimizer(
         _optimizer(config, config.learning_rate * hvd.size()),
-        compression=COMPRESSIONS[config.compression], sparse_as_dense=config.sparse_as_dense,
+        compression=getattr(Compression, config.compression),
+        sparse_as_dense=config.sparse_as_dense,
         groups=config.allreduce_groups or None,
         backward_passes_per_step=config.backward_passes_per_step,
         average_aggregated_gradients=True)
@@ -254,9 +254,9 @@ def _fit(model, data, validation, fit_callbacks, config, epoch, step):
 
 
 def _optimizer(config, learning_rate):
-    if config.optimizer == "adam":
-        return keras.optimizers.Adam(learning_rate)
-    return keras.optimizers.SGD(learning_rate, momentum=config.momentum)
+    optimizer = OPTIMIZERS[config.optimizer]
+    keras_class = getattr(keras.optimizers, optimizer.keras_class)
+    return keras_class(learning_rate, **optimizer.arguments(config))
 
 
 def _verbosity(config):

@@ -2,6 +2,7 @@ import dataclasses
 
 import pytest
 
+from hvdtrain import config
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 
@@ -67,3 +68,23 @@ def test_every_numeric_setting_declares_its_range():
     numeric = [f for f in dataclasses.fields(TrainConfig) if f.type in (int, float)]
     assert numeric and all("range" in f.metadata for f in numeric), [
         f.name for f in numeric if "range" not in f.metadata]
+
+
+def test_every_compression_name_is_an_algorithm_of_compression():
+    from hvdtrain.compression import Compression
+
+    algorithms = {name for name in vars(Compression) if not name.startswith("_")}
+    assert set(config.COMPRESSIONS) == algorithms
+
+
+@pytest.mark.parametrize("name", config.OPTIMIZERS)
+def test_every_optimizer_builds_from_the_defaults(name):
+    import keras
+
+    from hvdtrain import trainer
+
+    optimizer = trainer._optimizer(TrainConfig(optimizer=name).validate(), 0.5)
+    assert isinstance(optimizer, getattr(keras.optimizers, config.OPTIMIZERS[name].keras_class))
+    assert float(optimizer.learning_rate) == 0.5
+    for argument, value in config.OPTIMIZERS[name].arguments(TrainConfig()).items():
+        assert getattr(optimizer, argument) == pytest.approx(value)

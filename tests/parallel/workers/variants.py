@@ -18,10 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvdtrain
-
-OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
-COMPRESSIONS = {"none": hvdtrain.Compression.none, "fp16": hvdtrain.Compression.fp16,
-                "bf16": hvdtrain.Compression.bf16}
+from hvdtrain.reduction import OPS
 
 
 def data(variant):
@@ -50,7 +47,7 @@ def reduction_options(options, variables):
     if "op" in options:
         options["op"] = OPS[options["op"]]
     if "compression" in options:
-        options["compression"] = COMPRESSIONS[options["compression"]]
+        options["compression"] = getattr(hvdtrain.Compression, options["compression"])
     if options.get("groups") == "first_layer":
         options["groups"] = [variables[:2]]
     if options.pop("own_process_set", False):
