@@ -97,10 +97,6 @@ def set_log_verbosity():
     logging.set_verbosity(logging.INFO if loud else logging.WARNING)
 
 
-def every_rank_logs():
-    return _every_rank_logs
-
-
 def default_intra_op_threads():
     """Host cores shared evenly by the Horovod processes on this host."""
     cores = len(os.sched_getaffinity(0))
