@@ -1,0 +1,38 @@
+"""pyproject.toml's version ranges agree with constraints.txt, which pins
+the versions the tests run."""
+
+import re
+import tomllib
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from launch import REPO
+
+PINNED = {canonicalize_name(name): version for name, version in re.findall(
+    r"^([\w.-]+)==(\S+)$", (REPO / "constraints.txt").read_text(), re.MULTILINE)}
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+REQUIREMENTS = {canonicalize_name(r.name): r for r in map(Requirement, [
+    *PROJECT["dependencies"], *sum(PROJECT["optional-dependencies"].values(), [])])}
+# hvdtrain reaches into their internals, which change between minor versions.
+INTERNALS_USED = ("keras", "horovod")
+
+
+@pytest.mark.parametrize("name", REQUIREMENTS)
+def test_every_dependency_admits_the_version_the_tests_run(name):
+    assert name in PINNED, f"constraints.txt pins no version of {name}"
+    assert REQUIREMENTS[name].specifier.contains(PINNED[name]), (
+        f"pyproject.toml's {REQUIREMENTS[name]} excludes constraints.txt's {name}=={PINNED[name]}")
+
+
+@pytest.mark.parametrize("name", INTERNALS_USED)
+def test_a_dependency_used_through_its_internals_admits_no_other_minor_version(name):
+    pinned = Version(PINNED[name])
+    others = [f"{pinned.major}.{pinned.minor + 1}.0", f"{pinned.major + 1}.0.0"]
+    if pinned.minor:
+        others.append(f"{pinned.major}.{pinned.minor - 1}.99")
+    admitted = [v for v in others if REQUIREMENTS[name].specifier.contains(v)]
+    assert not admitted, (f"pyproject.toml's {REQUIREMENTS[name]} admits {', '.join(admitted)}; "
+                          f"the tests run {name}=={pinned}")
