@@ -80,7 +80,7 @@ def _resnet50(directory):
     import numpy as np
 
     import hvdtrain
-    from hvdtrain import checkpoint, resume
+    from hvdtrain import checkpoint, training_state
 
     model = keras.applications.ResNet50(weights=None)
     model.compile(optimizer=hvdtrain.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)),
@@ -99,8 +99,8 @@ def _resnet50(directory):
     seconds = []
     for i in range(FLAGS.saves):
         start = time.perf_counter()
-        values = [keras.ops.convert_to_numpy(v) for v in resume.training_variables(model)]
-        checkpoint.save(directory, values, checkpoint.Position(0, i + 1, 1, 1, 1), {})
+        values = [keras.ops.convert_to_numpy(v) for v in training_state.training_variables(model)]
+        checkpoint.save(directory, values, training_state.Position(0, i + 1, 1, 1, 1), {})
         seconds.append(time.perf_counter() - start)
     save = statistics.median(seconds)
     epoch = IMAGENET_TRAIN_IMAGES / images_per_second
@@ -110,8 +110,8 @@ def _resnet50(directory):
 
 
 def _megabytes(model):
-    from hvdtrain import resume
-    return sum(v.numpy().nbytes for v in resume.training_variables(model)) / 1e6
+    from hvdtrain import training_state
+    return sum(v.numpy().nbytes for v in training_state.training_variables(model)) / 1e6
 
 
 def main(argv):

@@ -7,7 +7,7 @@ import keras
 from absl import logging
 
 import horovod.tensorflow as hvd
-from hvdtrain import checkpoint, collectives, runtime
+from hvdtrain import atomic_files, collectives, runtime
 from hvdtrain.errors import TrainingError, UsageError
 from hvdtrain.optimizer import accumulated_only, check_loss_scale_order
 
@@ -282,7 +282,7 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
             return
         filepath = self._get_file_path(epoch, batch, logs)
         if self._should_save_model(epoch, batch, logs, filepath):
-            checkpoint.save_model(self.model, filepath, weights_only=self.save_weights_only)
+            atomic_files.save_model(self.model, filepath, weights_only=self.save_weights_only)
 
 
 class FailOnNonFiniteLoss(keras.callbacks.Callback):

@@ -1,4 +1,5 @@
-"""Rank 0's checkpoints: complete or absent, never half.
+"""Rank 0's checkpoints: their format, saving them, and restoring a run
+from them.
 
 Each checkpoint is a directory named after its position in training,
 numbered as Keras numbers epochs (Position.shown): after step 120 of the
@@ -14,6 +15,11 @@ checkpoint only if its JSON parses and the checksum matches, so one cut short
 by a kill or a full disk (or damaged later) is skipped, with a warning, for
 the one before it. Rank 0 keeps the newest `keep` checkpoints plus the best
 by a monitored metric.
+
+Resuming, rank 0 reads the newest intact checkpoint and broadcasts where to
+go on; its variables reach the other ranks with the broadcast at the start of
+training, so the checkpoint directory need not be shared between hosts. The
+run goes on at the batch after the checkpoint (see fit.py).
 """
 
 import dataclasses
@@ -24,51 +30,30 @@ import pathlib
 import re
 import shutil
 
+import horovod.tensorflow as hvd
 import keras
 import numpy as np
 from absl import logging
 
+from hvdtrain import atomic_files, collectives, runtime
 from hvdtrain.errors import UsageError
+from hvdtrain.training_state import Position, continue_at, training_variables
+
+__all__ = ["FORMAT", "META", "STATE_SETTINGS", "VARIABLES", "Checkpoint", "CorruptCheckpoint",
+           "all_finite", "assign", "listed", "metric_mode", "newest", "read", "refuse_to_overwrite",
+           "restore", "retain", "save"]
 
 VARIABLES = "variables.npz"
 META = "checkpoint.json"
 FORMAT = 1
 _NAME = re.compile(r"^epoch-(\d+)-step-(\d+)$")
-_TEMPORARY = ".tmp-"
+
+# Settings that shape the saved state: resuming with others cannot fit it.
+STATE_SETTINGS = ("recipe", "optimizer", "precision", "backward_passes_per_step")
 
 
 class CorruptCheckpoint(Exception):
     """A checkpoint with a part missing or damaged."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Position:
-    """Where training resumes: the next batch of the next epoch, in a run of
-    `workers` workers taking `steps` batches of `batch_size` per epoch."""
-    epoch: int
-    step: int
-    steps: int
-    workers: int
-    batch_size: int
-
-    @property
-    def shown(self):
-        """(epoch, step) as names and messages show a position, the way Keras
-        counts epochs: epoch E, step S is the S-th step of the E-th epoch,
-        done. The start is epoch 1, step 0; the end of the first epoch is
-        epoch 1, step `steps`."""
-        if self.step == 0 and self.epoch > 0:
-            return self.epoch, self.steps
-        return self.epoch + 1, self.step
-
-    def describe(self):
-        epoch, step = self.shown
-        return f"epoch {epoch}, step {step} of {self.steps}"
-
-    @property
-    def name(self):
-        epoch, step = self.shown
-        return f"epoch-{epoch:04d}-step-{step:06d}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +79,7 @@ def save(directory, variables, position, settings, metric=None, names=None):
     readers) as the checkpoint at `position`; returns its path. Rank 0 only."""
     directory = pathlib.Path(directory)
     final = directory / position.name
-    temporary = temporary_path(final)
+    temporary = atomic_files.temporary_path(final)
     temporary.mkdir(parents=True)
     try:
         values = [np.asarray(keras.ops.convert_to_numpy(v)) for v in variables]
@@ -106,12 +91,12 @@ def save(directory, variables, position, settings, metric=None, names=None):
                     settings=settings, names=names, shapes=[list(v.shape) for v in values],
                     dtypes=[str(v.dtype) for v in values],
                     sha256=_sha256(temporary / VARIABLES))
-        _write_synced(temporary / META, json.dumps(meta, indent=1))
-        _fsync_directory(temporary)
+        atomic_files.write_synced(temporary / META, json.dumps(meta, indent=1))
+        atomic_files.fsync_directory(temporary)
         if final.exists():  # the same position saved again (e.g. a rerun of an epoch's end)
             shutil.rmtree(final)
         os.rename(temporary, final)
-        _fsync_directory(directory)
+        atomic_files.fsync_directory(directory)
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
     return final
@@ -179,14 +164,6 @@ def assign(variables, checkpoint, values):
         variable.assign(value)
 
 
-def remove_unfinished(directory):
-    """Deletes what saves cut short left behind (temporary directories)."""
-    directory = pathlib.Path(directory)
-    if directory.is_dir():
-        for path in directory.glob(f"{_TEMPORARY}*"):
-            shutil.rmtree(path, ignore_errors=True)
-
-
 def retain(directory, keep, mode=None):
     """Deletes all checkpoints but the newest `keep` and the best by their
     metric (`mode` "min" or "max"; None: no best kept)."""
@@ -213,28 +190,67 @@ def metric_mode(monitor):
     return "min" if any(word in monitor for word in ("loss", "error", "mse", "mae")) else "max"
 
 
-def save_model(model, path, weights_only=False):
-    """Saves `model` at `path` (`.keras`, or `.weights.h5` with
-    `weights_only`), atomically."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_path(path)
-    try:
-        if weights_only:
-            model.save_weights(tmp)
-        else:
-            model.save(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+def restore(model, directory, config, steps):
+    """Restores the newest intact checkpoint under `directory` into `model`
+    on rank 0 and returns, on every rank, (epoch, step) where training goes
+    on: (0, 0) if there is none. `steps` is this run's batches per epoch."""
+    error, found = None, None
+    if runtime.is_main_process():
+        atomic_files.remove_unfinished(directory)
+        try:
+            found = _load_newest(model, directory, config)
+        except UsageError as e:
+            error = e
+    collectives.raise_together(error)
+    saved = hvd.broadcast_object(found and found.position, root_rank=0,
+                                 name="hvdtrain.resume.position")
+    if saved is None:
+        logging.info("no checkpoint in %s: training from the start", directory)
+        return 0, 0
+    epoch, step = continue_at(saved, steps, hvd.size(), config.batch_size)
+    going_on = Position(epoch, step, steps, hvd.size(), config.batch_size)
+    if (saved.workers, saved.batch_size) != (hvd.size(), config.batch_size):
+        logging.info("the checkpoint was written by %d workers x batch %d after %s; now %d x "
+                     "%d: learning rate scaled for %d workers, steps recomputed, going on "
+                     "after %s", saved.workers, saved.batch_size, saved.describe(), hvd.size(),
+                     config.batch_size, hvd.size(), going_on.describe())
+    if found:
+        logging.info("resuming from %s, after %s", found.path, going_on.describe())
+    return epoch, step
 
 
-def temporary_path(path):
-    """Where to write `path` before renaming it into place: hidden, marked as
-    unfinished, and ending with the name (Keras checks suffixes)."""
-    path = pathlib.Path(path)
-    return path.with_name(f"{_TEMPORARY}{os.getpid()}.{path.name}")
+def refuse_to_overwrite(directory):
+    """Stops a fresh run from mixing its checkpoints with an earlier run's."""
+    if runtime.is_main_process() and listed(directory):
+        error = UsageError(f"{directory} holds checkpoints of an earlier run; pass --resume "
+                           "to go on from them, or choose another --model_dir")
+    else:
+        error = None
+    collectives.raise_together(error)
+
+
+def _load_newest(model, directory, config):
+    loaded = newest(directory)
+    if loaded is None:
+        if listed(directory):
+            raise UsageError(f"no intact checkpoint in {directory} (all are damaged); "
+                             "remove them to train from the start")
+        return None
+    found, values = loaded
+    changed = {name: (found.settings.get(name), value)
+               for name, value in dataclasses.asdict(config).items()
+               if name in found.settings and found.settings[name] != value}
+    for name in STATE_SETTINGS:
+        if name in changed:
+            raise UsageError(f"checkpoint {found.path} was written with --{name}="
+                             f"{changed[name][0]}; resume with that, or use a new --model_dir")
+    if changed:
+        logging.info("resuming with changed settings: %s", ", ".join(
+            f"{name} {old} -> {new}" for name, (old, new) in sorted(changed.items())))
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    assign(training_variables(model), found, values)
+    return found
 
 
 def _sha256(path):
@@ -243,18 +259,3 @@ def _sha256(path):
         while chunk := f.read(1 << 22):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _write_synced(path, text):
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_directory(path):
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

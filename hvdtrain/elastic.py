@@ -39,9 +39,9 @@ import tensorflow as tf
 from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError
 
-from hvdtrain import collectives, resume, runtime, watchdog
-from hvdtrain.checkpoint import Position
+from hvdtrain import collectives, runtime, watchdog
 from hvdtrain.errors import UsageError, lost_peer
+from hvdtrain.training_state import Position, training_variables
 
 
 def launched():
@@ -96,7 +96,7 @@ class KerasState(ObjectState):
             self.model.make_train_function(force=True)
 
     def _variables(self):
-        return resume.training_variables(self.model, self.optimizer)
+        return training_variables(self.model, self.optimizer)
 
     def _save_variables(self):
         self._saved_values = [np.array(v) for v in self._variables()]
@@ -219,14 +219,14 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
 
 
 class UpdatePositionStateCallback(keras.callbacks.Callback):
-    """Keeps in `state.position` the checkpoint.Position training stands at
+    """Keeps in `state.position` the training_state.Position training stands at
     (the batch after the last one done), in a run of `steps` batches of
     `batch_size` per worker on the current workers: what
-    `resume.continue_at` maps to the workers there are after a restart.
+    `training_state.continue_at` maps to the workers there are after a restart.
 
     Unlike UpdateBatchStateCallback it never ends an epoch early: fit a
     resumed epoch's rest with its own steps, and give this callback the
-    batch numbers of the whole epoch (resume.ContinuedEpoch does).
+    batch numbers of the whole epoch (fit.ContinuedEpoch does).
     """
 
     def __init__(self, state, steps, batch_size):

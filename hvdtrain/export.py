@@ -10,7 +10,9 @@ import shutil
 
 from absl import logging
 
-from hvdtrain import checkpoint
+from hvdtrain import atomic_files
+
+__all__ = ["KERAS_FILE", "SAVED_MODEL_DIR", "export"]
 
 KERAS_FILE = "model.keras"
 SAVED_MODEL_DIR = "saved_model"
@@ -19,10 +21,10 @@ SAVED_MODEL_DIR = "saved_model"
 def export(model, model_dir):
     """Writes both formats under `model_dir`; returns their paths."""
     model_dir = pathlib.Path(model_dir)
-    keras_path = checkpoint.save_model(model, model_dir / KERAS_FILE)
+    keras_path = atomic_files.save_model(model, model_dir / KERAS_FILE)
     saved_model = model_dir / SAVED_MODEL_DIR
-    temporary = checkpoint.temporary_path(saved_model)
-    replaced = checkpoint.temporary_path(model_dir / f"old.{SAVED_MODEL_DIR}")
+    temporary = atomic_files.temporary_path(saved_model)
+    replaced = atomic_files.temporary_path(model_dir / f"old.{SAVED_MODEL_DIR}")
     verbosity = logging.get_verbosity()
     logging.set_verbosity(logging.WARNING)  # TensorFlow's notes on tracing and saving
     try:

@@ -12,10 +12,9 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from hvdtrain import (callbacks, checkpoint, collectives, elastic, export, resume, run_lock,
-                      run_log, runtime, throughput, watchdog)
+from hvdtrain import (callbacks, checkpoint, collectives, elastic, export, fit, resume, run_lock,
+                      run_log, runtime, throughput, training_state, watchdog)
 from hvdtrain import recipe as recipe_lib
-from hvdtrain.checkpoint import Position
 from hvdtrain.compression import Compression
 from hvdtrain.config import OPTIMIZERS
 from hvdtrain.data import input_errors
@@ -23,6 +22,7 @@ from hvdtrain.errors import TrainingError
 from hvdtrain.evaluation import ExactEvaluation
 from hvdtrain.model_dir import DEFAULT_PARENT, check_usable
 from hvdtrain.optimizer import DistributedOptimizer
+from hvdtrain.training_state import Position
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +134,9 @@ def _train_from(state, model, recipe, config, model_dir):
 
     start = time.perf_counter()
     try:
-        history = _fit(model, train_data, validation_data, fit_callbacks, config, epoch, step)
+        history = fit.from_position(model, train_data, validation_data, fit_callbacks,
+                                    epochs=config.epochs, epoch=epoch, step=step,
+                                    verbose=_verbosity(config))
     except tf.errors.OpError as e:
         # Bad data found while training (a corrupt file, a record that does not parse).
         error = input_errors.usage_error(e, train_data, validation_data)
@@ -159,7 +161,8 @@ def _starting_point(state, model, config, checkpoints, steps):
         # An elastic restart: counted in examples, as when resuming a
         # checkpoint on other workers.
         committed = state.position
-        epoch, step = resume.continue_at(committed, steps, hvd.size(), config.batch_size)
+        epoch, step = training_state.continue_at(committed, steps, hvd.size(),
+                                                 config.batch_size)
         logging.info("elastic restart, world size %d -> %d: from the commit after %s, "
                      "going on after %s", committed.workers, hvd.size(), committed.describe(),
                      Position(epoch, step, steps, hvd.size(), config.batch_size).describe())
@@ -167,15 +170,15 @@ def _starting_point(state, model, config, checkpoints, steps):
     # The run's first start (elastic: every worker is here, none has committed yet).
     run_lock.acquire(checkpoints.parent)
     if config.resume:
-        epoch, step = resume.restore(model, checkpoints, config, steps)
+        epoch, step = checkpoint.restore(model, checkpoints, config, steps)
     else:
-        resume.refuse_to_overwrite(checkpoints)
+        checkpoint.refuse_to_overwrite(checkpoints)
         epoch, step = 0, 0
     if state is not None:
         # Commit the start, with rank 0's variables (a checkpoint restored
         # there) on every worker: a restart must not look for checkpoints
         # again, it would find this run's own.
-        collectives.broadcast_variables(resume.training_variables(model))
+        collectives.broadcast_variables(training_state.training_variables(model))
         state.position = Position(epoch, step, steps, hvd.size(), config.batch_size)
         state.commit()
     return epoch, step
@@ -224,33 +227,6 @@ def _callbacks(state, config, model_dir, learning_rate, steps, validation_steps)
         fit_callbacks += [elastic.UpdatePositionStateCallback(state, steps, config.batch_size),
                           elastic.CommitStateCallback(state, config.elastic_commit_steps)]
     return fit_callbacks, saver, meter, log
-
-
-def _fit(model, data, validation, fit_callbacks, config, epoch, step):
-    """Trains from batch `step` of `epoch` to the end; returns the history."""
-    # Counted: the watchdog tells a rank waiting for its input from one waiting for its peers.
-    common = dict(validation_data=watchdog.counted(validation.batches()) if validation else None,
-                  verbose=_verbosity(config), shuffle=False)  # the pipeline shuffles
-    histories = []
-    if step:
-        # The rest of an epoch a checkpoint or an elastic restart cut: its
-        # own fit, shown to the callbacks as the whole epoch.
-        histories.append(model.fit(
-            watchdog.counted(data.rest_of_epoch(epoch, step)), epochs=epoch + 1,
-            initial_epoch=epoch,
-            steps_per_epoch=data.steps - step,
-            callbacks=[resume.ContinuedEpoch(c, step) for c in fit_callbacks], **common))
-        epoch += 1
-    if epoch < config.epochs:
-        histories.append(model.fit(
-            watchdog.counted(data.for_epochs(config.epochs, epoch)), epochs=config.epochs,
-            initial_epoch=epoch,
-            steps_per_epoch=data.steps, callbacks=fit_callbacks, **common))
-    merged = {}
-    for history in histories:
-        for name, values in history.history.items():
-            merged.setdefault(name, []).extend(values)
-    return merged
 
 
 def _optimizer(config, learning_rate):

@@ -24,6 +24,9 @@ import tensorflow as tf
 from hvdtrain import collectives
 from hvdtrain.errors import UsageError
 
+__all__ = ["SHUFFLE_BUFFER", "ShardedDataset", "epoch_seed", "evaluation", "preprocessed",
+           "shuffled_epochs", "training"]
+
 
 @dataclasses.dataclass(frozen=True)
 class ShardedDataset:
@@ -44,11 +47,6 @@ class ShardedDataset:
             parts = [a.concatenate(b) for a, b in zip(parts[::2], parts[1::2])] + (
                 parts[-1:] if len(parts) % 2 else [])
         return parts[0].prefetch(tf.data.AUTOTUNE)
-
-    def rest_of_epoch(self, epoch, step):
-        """The batches of `epoch` from batch `step` on (resuming a run: the
-        same batches, in deterministic mode, as the uninterrupted run's)."""
-        return self.batches(epoch).skip(step).prefetch(tf.data.AUTOTUNE)
 
 
 SHUFFLE_BUFFER = 10_000

@@ -6,9 +6,9 @@ import keras
 import numpy as np
 import pytest
 
-from hvdtrain import checkpoint, resume
-from hvdtrain.checkpoint import Position
+from hvdtrain import atomic_files, checkpoint, fit, training_state
 from hvdtrain.errors import UsageError
+from hvdtrain.training_state import Position
 
 
 def _position(epoch, step=0, steps=10, workers=2, batch_size=4):
@@ -84,7 +84,7 @@ def test_unfinished_saves_are_invisible_and_removed(tmp_path):
     _save(tmp_path, 1)
     (tmp_path / ".tmp-epoch-0002-step-000010.123").mkdir()
     assert [p.name for p in checkpoint.listed(tmp_path)] == ["epoch-0001-step-000010"]
-    checkpoint.remove_unfinished(tmp_path)
+    atomic_files.remove_unfinished(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["epoch-0001-step-000010"]
 
 
@@ -126,7 +126,7 @@ def test_assign_refuses_a_checkpoint_that_does_not_fit(tmp_path):
 ])
 def test_continue_at_counts_examples_when_the_run_shape_changes(saved, now, expected):
     steps, workers, batch_size = now
-    assert resume.continue_at(saved, steps, workers, batch_size) == expected
+    assert training_state.continue_at(saved, steps, workers, batch_size) == expected
 
 
 def test_continued_epoch_shows_callbacks_the_whole_epoch():
@@ -143,7 +143,7 @@ def test_continued_epoch_shows_callbacks_the_whole_epoch():
     model.compile("sgd", "mse")
     x = np.ones((12, 1), "float32")
     model.fit(x, x, batch_size=4, epochs=3, initial_epoch=2, verbose=0,
-              callbacks=[resume.ContinuedEpoch(Recorder(), 7)])
+              callbacks=[fit.ContinuedEpoch(Recorder(), 7)])
     assert seen == [("epoch", 2, 10), ("batch", 7), ("batch", 8), ("batch", 9)]
 
 
