@@ -11,18 +11,35 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+__all__ = ["agree_on_min", "allreduce_scalars", "broadcast_variables", "raise_together",
+           "root_name_scope"]
+
 
 def root_name_scope():
     """The graph's top-level name scope while tracing (nothing when eager).
+
     Horovod keys a collective by its op's full name, and an enclosing name
-    scope can hold names that differ between ranks (a model's or layer's)."""
+    scope can hold names that differ between ranks (a model's or layer's).
+
+    Returns:
+        A context manager.
+    """
     if tf.executing_eagerly():
         return contextlib.nullcontext()
     return tf.compat.v1.get_default_graph().name_scope(None)
 
 
 def broadcast_variables(variables, root_rank=0):
-    """Sets `variables` (Keras or TF) on every rank to their values on `root_rank`."""
+    """Sets `variables` on every rank to their values on `root_rank`.
+
+    Call it on every rank, with the same variables in the same order: they
+    are broadcast by position. Does nothing on one process.
+
+    Args:
+        variables: Keras or TensorFlow variables (e.g. `model.variables`
+            and `optimizer.variables`).
+        root_rank: The rank whose values all take.
+    """
     variables = list(variables)
     if hvd.size() == 1 or not variables:
         return
@@ -38,7 +55,16 @@ def _broadcast(values, root_rank):
 
 
 def allreduce_scalars(values, op=hvd.Average, name="hvdtrain.scalars"):
-    """Reduces a list of Python numbers across ranks with one allreduce."""
+    """Reduces a list of Python numbers across ranks with one allreduce.
+
+    Args:
+        values: Numbers, as many on every rank.
+        op: A Horovod reduction (`hvd.Average`, `hvd.Sum`, ...).
+        name: The collective's name, the same on every rank.
+
+    Returns:
+        A list of floats, the same on every rank.
+    """
     if hvd.size() == 1:
         return list(values)
     reduced = hvd.allreduce(tf.constant(values, tf.float64), op=op, name=name)
@@ -46,16 +72,34 @@ def allreduce_scalars(values, op=hvd.Average, name="hvdtrain.scalars"):
 
 
 def agree_on_min(value, name="hvdtrain.min"):
-    """The smallest of an integer that each rank computed for itself."""
+    """The smallest of an integer that each rank computed for itself.
+
+    Args:
+        value: This rank's integer.
+        name: The collective's name, the same on every rank.
+
+    Returns:
+        The smallest `value` of all ranks, as an int.
+    """
     if hvd.size() == 1:
         return int(value)
     return int(hvd.allreduce(tf.constant(int(value), tf.int64), op=hvd.Min, name=name))
 
 
 def raise_together(error):
-    """Raises on every rank the first rank's error (an exception or None), so
-    that a problem one rank finds in its own part of the data ends all ranks
-    with the same message instead of leaving the others waiting."""
+    """Raises on every rank the error of the first rank that has one.
+
+    A problem one rank finds in its own part of the data then ends all
+    ranks with the same message instead of leaving the others waiting.
+    Call it on every rank.
+
+    Args:
+        error: This rank's exception, or None.
+
+    Raises:
+        Exception: Of the first failing rank's type, with its message and
+            "(found by rank N)" when there are several processes.
+    """
     if hvd.size() == 1:
         if error is not None:
             raise error

@@ -16,7 +16,16 @@ class BF16Compressor(Compressor):
 
 
 class Compression:
-    """The compression algorithms DistributedOptimizer and DistributedGradientTape take."""
+    """The compression algorithms DistributedOptimizer and DistributedGradientTape take.
+
+    Attributes:
+        none: Horovod's: gradients are sent as they are.
+        fp16: Horovod's: float gradients are sent as float16 and summed in
+            float16, then cast back.
+        bf16: hvdtrain's: float gradients are sent as bfloat16 and summed in
+            float32 (see the module's docstring); not with `op=hvd.Adasum`,
+            and for gradients only (`hvdtrain.keras.allreduce` refuses it).
+    """
     none = _HorovodCompression.none
     fp16 = _HorovodCompression.fp16
     bf16 = BF16Compressor

@@ -37,6 +37,10 @@ from hvdtrain.compression import Compression
 from hvdtrain.errors import UsageError
 from hvdtrain.reduction import GradientReducer, LocalVariables
 
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "accumulated_only",
+           "check_loss_scale_order", "configure", "is_distributed", "make_distributed",
+           "rank_local_variables"]
+
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # noqa: N802
                          compression=Compression.none, sparse_as_dense=False,
@@ -44,12 +48,70 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          backward_passes_per_step=1, average_aggregated_gradients=False,
                          num_groups=0, groups=None, process_set=hvd.global_process_set,
                          scale_local_gradients=True):
-    """Horovod's `DistributedOptimizer`, for Keras 3 optimizers.
+    """Makes a Keras 3 optimizer whose updates use gradients reduced over the processes.
 
-    Wrap the optimizer before its first update: the result is a new instance
-    made from `optimizer`'s config. `device_dense` and `device_sparse` are
-    accepted for compatibility: hvdtrain keeps tensors where TensorFlow put
-    them. `num_groups` is Horovod's older name for an integer `groups`.
+    Horovod's `DistributedOptimizer`, with its arguments, for Keras 3
+    optimizers. Wrap the optimizer before its first update: the result is a
+    new instance made from `optimizer`'s config (see the module's docstring
+    for mixed precision and accumulation).
+
+    Args:
+        optimizer: A `keras.optimizers.Optimizer` that has not been built
+            yet. Under the mixed_float16 global policy, one that is not a
+            `LossScaleOptimizer` is wrapped in one first.
+        name: The new optimizer's name. None keeps `optimizer`'s (Horovod's
+            default is "Distributed" and the class name).
+        device_dense: Accepted for compatibility, no effect: hvdtrain keeps
+            tensors where TensorFlow put them.
+        device_sparse: Likewise.
+        compression: `Compression.none`, `Compression.fp16` (float gradients
+            sent as float16, as in Horovod) or `Compression.bf16`
+            (hvdtrain's: bfloat16 payloads summed in float32, in one buffer
+            per group; not with `op=hvd.Adasum`).
+        sparse_as_dense: Convert sparse gradients (`tf.IndexedSlices`, from
+            embeddings) to dense tensors and allreduce them with the others,
+            instead of allgathering their rows and indices.
+        gradient_predivide_factor: With `op=hvd.Average` only: gradients are
+            scaled by `1 / gradient_predivide_factor` before the sum and by
+            `gradient_predivide_factor / size` after it. Must be positive.
+        op: `hvd.Average` (the default), `hvd.Sum` or `hvd.Adasum`. Adasum
+            needs Horovod's MPI controller, the global process set and a
+            power-of-2 number of processes (checked at the first update).
+        backward_passes_per_step: Every process adds its gradients to local
+            accumulators and the optimizer reduces and applies them once
+            every this many calls. The accumulators are optimizer variables
+            (saved and broadcast with its state), and `iterations` counts
+            every call, as in Horovod.
+        average_aggregated_gradients: With `backward_passes_per_step > 1`,
+            divide the accumulated gradients by `backward_passes_per_step`
+            (one step on a larger batch); False sums them, as in Horovod.
+        num_groups: Horovod's older name for an integer `groups`, used when
+            `groups` is None; 0: no explicit groups.
+        groups: None: each gradient has its own allreduce, started as soon
+            as it is computed, and Horovod fuses those that meet in a cycle
+            (with bf16 compression the dense ones form one buffer). A positive
+            integer: that many groups of consecutive gradients, each reduced
+            by one `hvd.grouped_allreduce`. A list of lists of variables:
+            each list is reduced together, every other variable alone.
+        process_set: The Horovod process set to reduce over. A rank outside
+            it applies its own gradients, as in Horovod.
+        scale_local_gradients: Divide the gradients of local variables (see
+            `register_local_var`) by the process set's size, as Horovod
+            does, so that they keep the scale of the averaged ones.
+
+    Returns:
+        An optimizer of a subclass of `optimizer`'s class that keeps its
+        name and module (saved models load as the plain optimizer), with
+        Horovod's `register_local_var(var)`. Sparse gradients have their
+        duplicate rows summed before the update, so that they update the
+        weights as the same gradient in dense form does.
+
+    Raises:
+        TypeError: If `optimizer` is not a `keras.optimizers.Optimizer`.
+        UsageError: If `optimizer` is built, or an argument has a value
+            or combination refused above. At the first update: if the
+            train step runs under XLA (`jit_compile=True`), which Horovod's
+            collectives do not support, or Adasum cannot run.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError("DistributedOptimizer wraps a keras.optimizers.Optimizer, "
@@ -77,9 +139,39 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
                                 gradient_predivide_factor=1.0, op=hvd.Average, groups=None,
                                 process_set=hvd.global_process_set, local_layers=None,
                                 scale_local_gradients=True):
-    """Horovod's `PartialDistributedOptimizer`: a DistributedOptimizer whose
-    `local_layers` (a keras Layer or a list of them) keep their own
-    gradients on each rank."""
+    """Makes a DistributedOptimizer some of whose layers keep each rank's gradients.
+
+    Horovod's `PartialDistributedOptimizer`: the trainable weights of
+    `local_layers` are registered with `register_local_var`, so their
+    gradients are not reduced. Unlike `DistributedOptimizer`, it has no
+    `backward_passes_per_step`, as in Horovod.
+
+    Args:
+        optimizer: As for `DistributedOptimizer`.
+        name: As for `DistributedOptimizer`.
+        device_dense: As for `DistributedOptimizer`.
+        device_sparse: As for `DistributedOptimizer`.
+        compression: As for `DistributedOptimizer`.
+        sparse_as_dense: As for `DistributedOptimizer`.
+        gradient_predivide_factor: As for `DistributedOptimizer`.
+        op: As for `DistributedOptimizer`.
+        groups: As for `DistributedOptimizer`.
+        process_set: As for `DistributedOptimizer`.
+        local_layers: A `keras.layers.Layer` or a list of them (None: none)
+            whose gradients stay each rank's own. Build them first: their
+            weights are registered here, and an unbuilt layer has none.
+        scale_local_gradients: Divide those gradients by the process set's
+            size, as Horovod does.
+
+    Returns:
+        The optimizer `DistributedOptimizer` returns, with the layers'
+        weights registered as local.
+
+    Raises:
+        TypeError: As for `DistributedOptimizer`.
+        UsageError: If `local_layers` holds something other than Keras
+            layers, or as for `DistributedOptimizer`.
+    """
     if local_layers is None:
         local_layers = []
     elif isinstance(local_layers, keras.layers.Layer):
@@ -99,8 +191,30 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
 
 def make_distributed(optimizer, reducer=None, backward_passes_per_step=1,
                      average_aggregated_gradients=False):
-    """Makes an existing optimizer distributed in place, keeping its state
-    (for optimizers that come out of a saved model)."""
+    """Makes an existing optimizer distributed in place, keeping its state.
+
+    For optimizers that come out of a saved model (`hvdtrain.keras.load_model`),
+    whose variables must not be rebuilt. The object's class becomes the
+    distributed subclass `DistributedOptimizer` makes; an optimizer that is
+    distributed already gets the new settings.
+
+    Args:
+        optimizer: A `keras.optimizers.Optimizer`, built or not.
+        reducer: A `hvdtrain.reduction.GradientReducer` holding the reduction
+            options (`DistributedOptimizer`'s `op`, `compression`, ...);
+            None: its defaults (average over all processes).
+        backward_passes_per_step: As for `DistributedOptimizer`; more than 1
+            needs an optimizer that is not built yet, or was built with
+            accumulators.
+        average_aggregated_gradients: As for `DistributedOptimizer`.
+
+    Returns:
+        `optimizer` itself.
+
+    Raises:
+        UsageError: If `backward_passes_per_step` is not a positive integer,
+            or is more than 1 for a built optimizer without accumulators.
+    """
     if not is_distributed(optimizer):
         optimizer.__class__ = _distributed_class(type(optimizer))
     configure(optimizer, reducer or GradientReducer(), backward_passes_per_step,
@@ -109,6 +223,7 @@ def make_distributed(optimizer, reducer=None, backward_passes_per_step=1,
 
 
 def configure(optimizer, reducer, backward_passes_per_step, average_aggregated_gradients):
+    """Sets a distributed optimizer's reduction and accumulation (see make_distributed)."""
     if not (isinstance(backward_passes_per_step, int) and backward_passes_per_step >= 1):
         raise UsageError("backward_passes_per_step must be a positive integer, "
                          f"got {backward_passes_per_step!r}")
@@ -123,6 +238,7 @@ def configure(optimizer, reducer, backward_passes_per_step, average_aggregated_g
 
 
 def is_distributed(optimizer):
+    """Whether `optimizer` reduces its gradients (DistributedOptimizer or make_distributed)."""
     return isinstance(optimizer, _DistributedMixin)
 
 

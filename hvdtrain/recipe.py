@@ -18,11 +18,20 @@ from typing import Any, Callable
 from hvdtrain.config import Range, TrainConfig
 from hvdtrain.errors import UsageError
 
+__all__ = ["Option", "Recipe", "Splits", "available", "check_name", "describe_options", "get",
+           "make_config", "parse_options"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Splits:
-    """This worker's training and validation data (hvdtrain.data.ShardedDataset);
-    no validation: none after each epoch (benchmarks)."""
+    """This worker's training and validation data, as a recipe's `load_data` returns it.
+
+    Args:
+        train: The training data, a `hvdtrain.data.ShardedDataset` of this
+            worker's shard.
+        validation: The validation data, likewise; None: no validation
+            after each epoch (benchmarks).
+    """
     train: Any
     validation: Any = None
 
@@ -30,8 +39,14 @@ class Splits:
 @dataclasses.dataclass(frozen=True)
 class Option:
     """A setting of one recipe's own (an image size, a vocabulary), set with
-    --option=NAME=VALUE; its type is the default's, and a number's values
-    are finite and in `allowed`."""
+    --option=NAME=VALUE.
+
+    Args:
+        default: The value without the option; its type is the option's.
+        help: One line for --help.
+        allowed: For a number, the `hvdtrain.config.Range` its values must
+            be in; None: any finite number.
+    """
     default: bool | int | float | str
     help: str
     allowed: Range | None = None
@@ -39,24 +54,45 @@ class Option:
 
 @dataclasses.dataclass(frozen=True)
 class Recipe:
+    """What `hvdtrain.train` needs to train one kind of model.
+
+    Args:
+        name: The recipe's name, as `--recipe` gives it.
+        build_model: `(config) -> keras.Model`, uncompiled: the trainer
+            compiles it with its distributed optimizer.
+        load_data: `(config) -> Splits`, called after `hvdtrain.init()`, so
+            that it can shard by rank.
+        loss: The loss, as `keras.Model.compile` takes it.
+        metrics: Metric names, or keras Metric classes (made at compile
+            time, after `hvdtrain.init()`).
+        defaults: `TrainConfig` values of this recipe, under the command
+            line's flags.
+        options: `{name: Option}`, the recipe's own settings; their values
+            are in `config.options`.
+        unit: What throughput counts: examples, images, sequences...
+    """
     name: str
-    build_model: Callable[..., Any]       # (config) -> keras.Model, uncompiled
-    load_data: Callable[..., Splits]      # (config) -> Splits, after hvdtrain.init()
+    build_model: Callable[..., Any]
+    load_data: Callable[..., Splits]
     loss: Any
-    metrics: tuple = ()                   # names, or keras Metric classes (made at compile)
-    defaults: dict = dataclasses.field(default_factory=dict)  # TrainConfig values
-    options: dict = dataclasses.field(default_factory=dict)   # name -> Option: config.options
-    unit: str = "examples"                # what throughput counts: images, sequences...
+    metrics: tuple = ()
+    defaults: dict = dataclasses.field(default_factory=dict)
+    options: dict = dataclasses.field(default_factory=dict)
+    unit: str = "examples"
 
 
 def available():
+    """The names of the recipes in `hvdtrain.recipes`, sorted."""
     from hvdtrain import recipes
     return sorted(m.name for m in pkgutil.iter_modules(recipes.__path__))
 
 
 def check_name(name):
-    """Raises a UsageError listing the recipes there are unless `name` is one
-    (or the path of a recipe file)."""
+    """Checks that `name` is a recipe's name or the path of a recipe file.
+
+    Raises:
+        UsageError: Otherwise, listing the recipes there are.
+    """
     if name.endswith(".py"):
         if not pathlib.Path(name).is_file():
             raise UsageError(f"recipe file {name} does not exist; check the path")
@@ -66,7 +102,18 @@ def check_name(name):
 
 
 def get(name):
-    """The recipe called `name`, or defined in the file `name`."""
+    """The recipe called `name`, or defined in the file `name`.
+
+    Args:
+        name: A recipe's name (`available()`), or the path of a `.py` file
+            that defines `RECIPE = hvdtrain.recipe.Recipe(...)`.
+
+    Returns:
+        The `Recipe`.
+
+    Raises:
+        UsageError: If there is no such recipe, or the file defines none.
+    """
     check_name(name)
     if not name.endswith(".py"):
         return importlib.import_module(f"hvdtrain.recipes.{name}").RECIPE
@@ -79,9 +126,22 @@ def get(name):
 
 
 def make_config(name, options=(), **overrides):
-    """The recipe's default settings with `overrides` (None: keep the
-    default) and `options`, the recipe's own settings as "NAME=VALUE"
-    strings or a dict."""
+    """The settings of a run of recipe `name`.
+
+    Args:
+        name: As for `get`.
+        options: The recipe's own settings, as "NAME=VALUE" strings or a
+            dict; the others keep their defaults.
+        **overrides: `TrainConfig` fields, over the recipe's defaults; None
+            keeps the default.
+
+    Returns:
+        A `TrainConfig`.
+
+    Raises:
+        UsageError: If there is no such recipe, or an option is unknown or
+            has a bad value.
+    """
     recipe = get(name)
     values = {key: option.default for key, option in recipe.options.items()}
     values.update(parse_options(recipe, options))

@@ -22,6 +22,12 @@ from absl import logging
 from hvdtrain import launcher_watch, watchdog
 from hvdtrain.errors import UsageError
 
+__all__ = ["barrier", "default_intra_op_threads", "gpu_index", "init", "is_main_process",
+           "local_rank", "local_size", "main_process_first", "pin_gpu", "precision_warning",
+           "rank", "set_log_verbosity", "size", "stop_watching"]
+
+# Horovod's own functions, with Horovod's docstrings: each returns an int
+# and raises ValueError until `init` has run.
 rank = hvd.rank
 size = hvd.size
 local_rank = hvd.local_rank
@@ -33,20 +39,30 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
          comm=None, stall_timeout=None, timeline=False, verbose_all_ranks=False):
     """Initialises Horovod and this process's devices, threads and precision.
 
+    Call it once per process, before any TensorFlow op (see the module's
+    docstring for why).
+
     Args:
-      intra_op_threads: threads for one op; 0 means host cores / local processes.
-      inter_op_threads: threads running independent ops; 0 keeps TF's default.
-      precision: a Keras dtype policy (e.g. mixed_float16); None keeps the current one.
-      process_sets: Horovod process sets to create with the global one.
-      comm: Horovod's `comm`: the MPI communicator or ranks to run on.
-      stall_timeout: seconds after which Horovod's stall check shuts all
-        ranks down when some rank stopped submitting tensors (it waits
-        forever otherwise); unless set in the environment (or horovodrun's).
-        hvdtrain's watchdog, from here to `stop_watching()`, ends the job
-        after 3 times that without progress on some rank (watchdog.progress).
-      timeline: allow Horovod's timeline to be started and stopped during
-        training (hvd.start_timeline), which Horovod decides at init.
-      verbose_all_ranks: every rank logs its progress, not only rank 0.
+        intra_op_threads: Threads for one op; 0 means host cores / local processes.
+        inter_op_threads: Threads running independent ops; 0 keeps TF's default.
+        precision: A Keras dtype policy (e.g. mixed_float16); None keeps the
+            current one. On a GPU without the tensor cores it needs, rank 0
+            logs a warning.
+        process_sets: Horovod process sets to create with the global one.
+        comm: Horovod's `comm`: the MPI communicator or ranks to run on.
+        stall_timeout: Seconds after which Horovod's stall check shuts all
+            ranks down when some rank stopped submitting tensors (it waits
+            forever otherwise); unless set in the environment (or horovodrun's).
+            hvdtrain's watchdog, from here to `stop_watching()`, ends the job
+            after 3 times that without progress on some rank (watchdog.progress).
+        timeline: Allow Horovod's timeline to be started and stopped during
+            training (hvd.start_timeline), which Horovod decides at init.
+        verbose_all_ranks: Every rank logs its progress, not only rank 0.
+
+    Raises:
+        UsageError: If `timeline` is asked for while horovodrun already
+            records a timeline of the whole run, or more processes share
+            this host than it has GPUs.
     """
     global _every_rank_logs
     _every_rank_logs = verbose_all_ranks
@@ -104,7 +120,14 @@ def default_intra_op_threads():
 
 
 def is_main_process():
-    """True on the one process (rank 0) that writes files and logs."""
+    """Whether this is the one process (rank 0) that writes files and logs.
+
+    Returns:
+        A bool.
+
+    Raises:
+        ValueError: If Horovod is not initialised (call `init` first).
+    """
     return hvd.rank() == 0
 
 

@@ -27,22 +27,56 @@ from hvdtrain.training_state import Position
 
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
-    """Of the run, or under elastic mode of its last (re)start: the model
-    and its files are the whole run's, the rest is from that start on."""
+    """What `train` returns, on every rank.
+
+    Of the run, or under elastic mode of its last (re)start: the model and
+    its files are the whole run's, the rest is from that start on.
+
+    Attributes:
+        model: The trained `keras.Model`.
+        history: `{metric: [value per epoch]}`, averaged over the workers.
+        model_path: The final model, `.keras` (written by rank 0 when
+            `config.export` is set).
+        saved_model: The same as a SavedModel for serving.
+        seconds: The training time, from the start of `fit` to its end.
+        start: `(epoch, step)` training started from.
+        checkpoint_seconds: Each checkpoint's save time (rank 0; empty on
+            the other ranks).
+        throughput: A `hvdtrain.throughput.Measurement` of examples per
+            second; None: too few steps to time.
+    """
     model: keras.Model
-    history: dict               # per-epoch metrics, averaged over the workers
-    model_path: pathlib.Path    # the final model, .keras (written by rank 0)
-    saved_model: pathlib.Path   # the same as a SavedModel for serving
+    history: dict
+    model_path: pathlib.Path
+    saved_model: pathlib.Path
     seconds: float
-    start: tuple                # (epoch, step) training started from
-    checkpoint_seconds: list    # each checkpoint's save time (rank 0)
-    throughput: throughput.Measurement | None   # None: too few steps to time
+    start: tuple
+    checkpoint_seconds: list
+    throughput: throughput.Measurement | None
 
 
 def train(config):
-    """Trains `config.recipe` data-parallel on all Horovod processes. Started
-    by horovodrun in elastic mode, it trains on the workers there are: when
-    they change, training goes on from the last commit on the new ones."""
+    """Trains `config.recipe` data-parallel on all Horovod processes.
+
+    Call it on every process; it calls `hvdtrain.init` itself. Started by
+    horovodrun in elastic mode, it trains on the workers there are: when
+    they change, training goes on from the last commit on the new ones.
+
+    Args:
+        config: A `hvdtrain.TrainConfig` (e.g. from `hvdtrain.recipe.make_config`).
+
+    Returns:
+        A `TrainResult`.
+
+    Raises:
+        UsageError: If the settings, the recipe, the model directory (in
+            use by another run, or holding checkpoints without
+            `config.resume`), the checkpoint to resume from or the data are
+            not usable; the message says how to fix it.
+        TrainingError: If training cannot go on: a loss that is not finite
+            (`config.nan_policy="fail"`), a checkpoint that cannot be
+            written, or weights that are not finite at the end.
+    """
     config.validate()
     recipe = recipe_lib.get(config.recipe)
     model_dir = pathlib.Path(config.model_dir or DEFAULT_PARENT / recipe.name)
