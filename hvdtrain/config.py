@@ -153,8 +153,8 @@ class TrainConfig:
     throughput_warmup_steps: int = _number(
         10, NON_NEGATIVE, "Training steps at the start of each fit left out of the throughput.")
     throughput_window_steps: int = _number(
-        10, POSITIVE,
-        "Training steps per throughput sample (the report: mean and 95% interval over samples).")
+        10, POSITIVE, "Training steps per throughput sample (the report: mean and 95% interval "
+        "over samples).")
     # The recipe's own (Recipe.options), set by --option=NAME=VALUE
     options: dict = dataclasses.field(default_factory=dict)
 
