@@ -36,7 +36,7 @@ FLAGS = flags.FLAGS
 
 class WindowTimer(keras.callbacks.Callback):
     """This rank's examples/s over windows of `window_steps` steps after
-    `warmup_steps`, as hvdtrain.throughput.Throughput times them (which
+    `warmup_steps`, as hvdtrain.callbacks.Throughput times them (which
     needs Keras 3 and so cannot serve the Keras 2 contender), and the
     process's CPU seconds per step in each window (all its threads), which
     depends less than the rate on what else runs on the cores."""
@@ -103,7 +103,7 @@ def hvdtrain_setup():
     hvdtrain.init(intra_op_threads=1)
     model = compile_model(build_model(), hvdtrain.DistributedOptimizer(sgd()))
     return (hvdtrain.rank(), model, dataset(FLAGS.batch_size),
-            [hvdtrain.callbacks.BroadcastGlobalVariablesCallback(0)])
+            [hvdtrain.callbacks.BroadcastInitialState(0)])
 
 
 def horovod_keras2_setup():

@@ -60,7 +60,7 @@ def _keras(config):
     import keras
     import tensorflow as tf
 
-    from hvdtrain import recipe, throughput
+    from hvdtrain import callbacks, recipe
 
     for gpu in tf.config.list_physical_devices("GPU"):
         tf.config.experimental.set_memory_growth(gpu, True)  # as hvdtrain.init does
@@ -71,8 +71,8 @@ def _keras(config):
     model = benchmark.build_model(config)
     model.compile(optimizer=keras.optimizers.SGD(config.learning_rate), loss=benchmark.loss,
                   jit_compile=False)
-    meter = throughput.Throughput(config.batch_size, config.throughput_warmup_steps,
-                                  config.throughput_window_steps)
+    meter = callbacks.Throughput(config.batch_size, config.throughput_warmup_steps,
+                                 config.throughput_window_steps)
     model.fit(data.for_epochs(1), epochs=1, steps_per_epoch=data.steps, callbacks=[meter],
               verbose=0)
     return meter.measurement()

@@ -73,7 +73,7 @@ def work(scratch):
     import keras
 
     import hvdtrain
-    from hvdtrain import recipe as recipe_lib, throughput, trainer
+    from hvdtrain import callbacks as hvdtrain_callbacks, recipe as recipe_lib, trainer
 
     hvdtrain.init(intra_op_threads=FLAGS.intra_op_threads)
     recipe = recipe_lib.get(RECIPE)
@@ -93,15 +93,15 @@ def work(scratch):
     hvd_model = model(hvdtrain.DistributedOptimizer(
         trainer._optimizer(config, config.learning_rate), average_aggregated_gradients=True))
     splits = recipe.load_data(config)
-    hvd_callbacks, _, hvd_meter, log = trainer._callbacks(
+    started = trainer._callbacks(
         None, config, pathlib.Path(scratch), config.learning_rate, splits.train.steps,
-        splits.validation.steps)
-    log.start(config, (0, 0), resumed=False)
+        splits.validation.steps, start=(0, 0), resumed=False)
+    hvd_callbacks, hvd_meter = started.ordered, started.meter
 
     keras_model = model(trainer._optimizer(config, config.learning_rate))
     keras_train = recipe.load_data(config).train
-    keras_meter = throughput.Throughput(config.batch_size, config.throughput_warmup_steps,
-                                        config.throughput_window_steps)
+    keras_meter = hvdtrain_callbacks.Throughput(config.batch_size, config.throughput_warmup_steps,
+                                                config.throughput_window_steps)
 
     runs = {"hvdtrain": (hvd_model, splits.train, hvd_callbacks, hvd_meter),
             "keras": (keras_model, keras_train, [keras_meter], keras_meter)}

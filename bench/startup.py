@@ -106,7 +106,7 @@ def work():
     marks = {"launcher": process_start(), "python": time.time()}
     from unittest import mock
 
-    from hvdtrain import recipe as recipe_lib, runtime, throughput, trainer
+    from hvdtrain import callbacks, recipe as recipe_lib, runtime, trainer
 
     # As `hvdtrain train` does before training; this imports the recipe's module (TFDS) too.
     config = recipe_lib.make_config(RECIPE, epochs=1, verbose=0, export=False,
@@ -128,7 +128,7 @@ def work():
         return dataclasses.replace(recipe, load_data=marked(recipe.load_data, before="model",
                                                             after="data"))
 
-    class FirstStep(throughput.Throughput):
+    class FirstStep(callbacks.Throughput):
         def on_train_begin(self, logs=None):
             marks["setup"] = time.time()
             super().on_train_begin(logs)
@@ -141,7 +141,7 @@ def work():
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(runtime, "init", marked(runtime.init, after="init")))
         stack.enter_context(mock.patch.object(recipe_lib, "get", get))
-        stack.enter_context(mock.patch.object(throughput, "Throughput", FirstStep))
+        stack.enter_context(mock.patch.object(callbacks, "Throughput", FirstStep))
         model_dir = stack.enter_context(tempfile.TemporaryDirectory())
         trainer.train(config.override(model_dir=model_dir))
     if runtime.is_main_process():

@@ -102,7 +102,7 @@ def work():
     import keras
 
     import hvdtrain
-    from hvdtrain import callbacks, data, throughput
+    from hvdtrain import callbacks, data
 
     # One thread inside an op and one running ops: with TensorFlow's default
     # inter-op pool, np=1 would run a step's independent ops on the second core.
@@ -111,13 +111,13 @@ def work():
     results, shapes = {"workers": hvdtrain.size()}, {}
     for name, (model, shape) in models().items():
         optimizer = keras.optimizers.SGD(0.01)
-        meter = throughput.Throughput(FLAGS.batch_size, FLAGS.warmup_steps, FLAGS.window_steps)
+        meter = callbacks.Throughput(FLAGS.batch_size, FLAGS.warmup_steps, FLAGS.window_steps)
         cpu = cpu_clock(FLAGS.warmup_steps, steps)
         fit_callbacks = [meter, cpu]
         if FLAGS.exchange:
             optimizer = hvdtrain.DistributedOptimizer(
                 optimizer, groups=FLAGS.allreduce_groups or None)
-            fit_callbacks.append(callbacks.BroadcastGlobalVariablesCallback(0))
+            fit_callbacks.append(callbacks.BroadcastInitialState(0))
         model.compile(optimizer=optimizer,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       jit_compile=False)

@@ -40,8 +40,8 @@ from hvdtrain.errors import UsageError
 from hvdtrain.training_state import Position, continue_at, training_variables
 
 __all__ = ["FORMAT", "META", "STATE_SETTINGS", "VARIABLES", "Checkpoint", "CorruptCheckpoint",
-           "all_finite", "assign", "listed", "metric_mode", "newest", "read", "refuse_to_overwrite",
-           "restore", "retain", "save"]
+           "all_finite", "assign", "listed", "newest", "read", "refuse_to_overwrite", "restore",
+           "retain", "save"]
 
 VARIABLES = "variables.npz"
 META = "checkpoint.json"
@@ -183,11 +183,6 @@ def retain(directory, keep, mode=None):
     for path in paths:
         if path not in kept:
             shutil.rmtree(path, ignore_errors=True)
-
-
-def metric_mode(monitor):
-    """"min" for losses and errors (smaller is better), else "max"."""
-    return "min" if any(word in monitor for word in ("loss", "error", "mse", "mae")) else "max"
 
 
 def restore(model, directory, config, steps):

@@ -15,10 +15,8 @@ workers.
 
 import dataclasses
 import math
-import time
 
 import horovod.tensorflow as hvd
-import keras
 import numpy as np
 import tensorflow as tf
 from absl import logging
@@ -61,88 +59,25 @@ class Measurement:
     warmup_steps: int   # left out at the start of each fit
 
 
-class Throughput(keras.callbacks.Callback):
-    """Times windows of `window_steps` training steps of `batch_size`
-    examples per worker after the first `warmup_steps` of each fit. Give it
-    to every rank, first among the callbacks.
-
-    At each epoch's end (a collective) it adds the epoch's total rate to the
-    logs as `examples_per_second`, for the progress line, the history and
-    TensorBoard, and keeps the epoch's measurement and this rank's step
-    times. `measurement()` (a collective) gives the whole run's; both are
-    None when there were too few steps for one window.
-    """
-
-    def __init__(self, batch_size, warmup_steps=10, window_steps=10):
-        super().__init__()
-        self.batch_size = batch_size
-        self.warmup_steps = warmup_steps
-        self.window_steps = window_steps
-        self.samples = []
-        self.epoch_measurement = None
-        self.epoch_step_seconds = []   # this rank's timed steps of the last epoch
-        self._epoch_first_sample = 0
-        self._steps_this_fit = 0
-        self._window_start = None
-        self._window_steps_done = 0
-        self._step_start = None
-
-    def on_train_begin(self, logs=None):
-        self._steps_this_fit = 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._window_start = None  # a window left open at an epoch's end is dropped
-        self._epoch_first_sample = len(self.samples)
-        self.epoch_step_seconds = []
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if self._steps_this_fit < self.warmup_steps:
-            return
-        self._step_start = time.perf_counter()
-        if self._window_start is None:
-            self._window_start, self._window_steps_done = self._step_start, 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._steps_this_fit += 1
-        if self._window_start is None:
-            return
-        loss = (logs or {}).get("loss")
-        if loss is not None:
-            float(loss)  # waits for the step to finish where it runs asynchronously (GPUs)
-        now = time.perf_counter()
-        self.epoch_step_seconds.append(now - self._step_start)
-        self._window_steps_done += 1
-        if self._window_steps_done == self.window_steps:
-            self.samples.append(self.window_steps * self.batch_size / (now - self._window_start))
-            self._window_start = None
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.epoch_measurement = self._measure(self.samples[self._epoch_first_sample:],
-                                               "epoch")
-        if self.epoch_measurement is not None and logs is not None:
-            logs["examples_per_second"] = self.epoch_measurement.total.mean
-
-    def measurement(self):
-        """The run's throughput, reduced over the ranks (a collective)."""
-        return self._measure(self.samples, "run")
-
-    def _measure(self, samples, name):
-        # Without Horovod (a plain Keras baseline) this process is all there is.
-        size = hvd.size() if hvd.is_initialized() else 1
-        windows = len(samples)
-        if size > 1:
-            # Steps are synchronous, so every rank has the same number of windows.
-            windows = int(hvd.allreduce(tf.constant(windows), op=hvd.Min,
-                                        name=f"hvdtrain.throughput.{name}.windows"))
-        if windows == 0:
-            return None
-        samples = np.asarray(samples[:windows], np.float64)
-        if size > 1:
-            samples = hvd.allreduce(tf.constant(samples), op=hvd.Sum,
-                                    name=f"hvdtrain.throughput.{name}").numpy()
-        total = Rate.of(samples)
-        return Measurement(total, total.scaled(1 / size), size, self.window_steps,
-                           self.warmup_steps)
+def measure(samples, name, window_steps, warmup_steps):
+    """The Measurement of every rank's `samples` (windows' rates), a
+    collective named after `name`; None without a window on some rank."""
+    # Without Horovod (a plain Keras baseline) this process is all there is.
+    size = hvd.size() if hvd.is_initialized() else 1
+    windows = len(samples)
+    if size > 1:
+        # Steps are synchronous, so every rank has the same number of windows.
+        windows = int(hvd.allreduce(tf.constant(windows), op=hvd.Min,
+                                    name=f"hvdtrain.throughput.{name}.windows"))
+    if windows == 0:
+        return None
+    samples = np.asarray(samples[:windows], np.float64)
+    if size > 1:
+        samples = hvd.allreduce(tf.constant(samples), op=hvd.Sum,
+                                name=f"hvdtrain.throughput.{name}").numpy()
+    total = Rate.of(samples)
+    return Measurement(total, total.scaled(1 / size), size, window_steps,
+                       warmup_steps)
 
 
 def step_time_percentiles(seconds):

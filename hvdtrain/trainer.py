@@ -5,21 +5,20 @@ rank 0's exports."""
 import dataclasses
 import pathlib
 import sys
-import time
+import typing
 
 import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 from absl import logging
 
-from hvdtrain import (callbacks, checkpoint, collectives, elastic, export, fit, resume, run_lock,
-                      run_log, runtime, throughput, training_state, watchdog)
+from hvdtrain import (callbacks, checkpoint, collectives, elastic, export, fit, run_lock, runtime,
+                      throughput, training_state, watchdog)
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.compression import Compression
 from hvdtrain.config import OPTIMIZERS
 from hvdtrain.data import input_errors
 from hvdtrain.errors import TrainingError
-from hvdtrain.evaluation import ExactEvaluation
 from hvdtrain.model_dir import DEFAULT_PARENT, check_usable
 from hvdtrain.optimizer import DistributedOptimizer
 from hvdtrain.training_state import Position
@@ -161,14 +160,11 @@ def _train_from(state, model, recipe, config, model_dir):
     if epoch + step / steps >= config.warmup_epochs:
         # Past warm-up only a schedule sets the rate: scale it for the workers there are now.
         model.optimizer.learning_rate = learning_rate
-    fit_callbacks, saver, meter, log = _callbacks(
-        state, config, model_dir, learning_rate, steps,
-        validation_data.steps if validation_data else None)
-    log.start(config, (epoch, step), resumed=config.resume or restarted)
-
-    start = time.perf_counter()
+    started = _callbacks(state, config, model_dir, learning_rate, steps,
+                         validation_data.steps if validation_data else None,
+                         start=(epoch, step), resumed=config.resume or restarted)
     try:
-        history = fit.from_position(model, train_data, validation_data, fit_callbacks,
+        history = fit.from_position(model, train_data, validation_data, started.ordered,
                                     epochs=config.epochs, epoch=epoch, step=step,
                                     verbose=_verbosity(config))
     except tf.errors.OpError as e:
@@ -177,15 +173,12 @@ def _train_from(state, model, recipe, config, model_dir):
         if error is None:
             raise
         raise error from None
-    watchdog.progress("ending training")
-    seconds = time.perf_counter() - start
-    measurement = meter.measurement()
-    log.end(measurement, seconds)
+    measurement = started.meter.run_measurement
     if runtime.is_main_process():
         throughput.log(measurement, recipe.unit)
     return TrainResult(model, history, model_dir / export.KERAS_FILE,
-                       model_dir / export.SAVED_MODEL_DIR, seconds, (epoch, step),
-                       saver.seconds if saver else [],
+                       model_dir / export.SAVED_MODEL_DIR, started.meter.seconds, (epoch, step),
+                       started.saver.seconds if started.saver else [],
                        measurement)
 
 
@@ -218,49 +211,48 @@ def _starting_point(state, model, config, checkpoints, steps):
     return epoch, step
 
 
-def _callbacks(state, config, model_dir, learning_rate, steps, validation_steps):
-    """The callbacks of one start, in the order they must run; also its
-    checkpoint saver, throughput meter and run log."""
-    # First: its timing then leaves out the other callbacks' work between steps.
-    meter = throughput.Throughput(config.batch_size, config.throughput_warmup_steps,
-                                  config.throughput_window_steps)
-    fit_callbacks = [meter, watchdog.Progress(),
-                     callbacks.BroadcastGlobalVariablesCallback(root_rank=0)]
+class _StartCallbacks(typing.NamedTuple):
+    ordered: list                   # every callback, in callbacks.ORDER
+    meter: callbacks.Throughput
+    saver: callbacks.PeriodicCheckpoint | None
+
+
+def _callbacks(state, config, model_dir, learning_rate, steps, validation_steps, start,
+               resumed):
+    """The callbacks of one start from `start` (epoch, step), in the order
+    they must run, with its throughput meter and checkpoint saver."""
+    meter = callbacks.Throughput(config.batch_size, config.throughput_warmup_steps,
+                                 config.throughput_window_steps)
+    chosen = [meter, callbacks.WatchdogProgress(), callbacks.BroadcastInitialState(root_rank=0),
+              callbacks.AverageMetrics(),
+              callbacks.RunLog(model_dir, meter, config, start, resumed)]
     if validation_steps:
-        # Validation metrics: exact over the whole split.
-        fit_callbacks.append(ExactEvaluation(validation_steps))
-    # Training metrics: averaged, before everything that reads them.
-    fit_callbacks.append(callbacks.MetricAverageCallback())
+        chosen.append(callbacks.ExactEvaluation(validation_steps))
     if config.nan_policy == "fail":
-        fit_callbacks.append(callbacks.FailOnNonFiniteLoss())
+        chosen.append(callbacks.FailOnNonFiniteLoss())
     if config.warmup_epochs:
-        fit_callbacks.append(callbacks.LearningRateWarmupCallback(
-            learning_rate, config.warmup_epochs, steps_per_epoch=steps))
+        chosen.append(callbacks.LearningRateWarmup(learning_rate, config.warmup_epochs,
+                                                   steps_per_epoch=steps))
     if config.lr_schedule != "constant":
-        fit_callbacks.append(callbacks.decay_after_warmup(
+        chosen.append(callbacks.decay_after_warmup(
             config.lr_schedule, learning_rate, config.epochs, config.warmup_epochs, steps))
     saver = None
     if config.keep_checkpoints:
-        saver = resume.PeriodicCheckpoint(
-            model_dir / "checkpoints", dataclasses.asdict(config), steps, config.batch_size,
+        saver = callbacks.PeriodicCheckpoint(
+            model_dir / "checkpoints", dataclasses.asdict(config), config.batch_size,
             config.epochs, every_epochs=config.checkpoint_epochs,
             every_steps=config.checkpoint_steps, keep=config.keep_checkpoints,
             monitor=config.best_metric or None, nan_policy=config.nan_policy)
-        fit_callbacks.append(saver)
-    log = run_log.RunLog(model_dir, meter)
-    fit_callbacks.append(log)
+        chosen.append(saver)
     if runtime.is_main_process():
-        fit_callbacks.append(callbacks.EpochTensorBoard(model_dir / "tensorboard",
-                                                        write_graph=False))
+        chosen.append(callbacks.EpochTensorBoard(model_dir / "tensorboard", write_graph=False))
     if config.timeline_steps:
         first, last = config.timeline_window()
-        fit_callbacks.append(callbacks.HorovodTimeline(model_dir / "timeline.json", first, last,
-                                                       steps))
+        chosen.append(callbacks.HorovodTimeline(model_dir / "timeline.json", first, last))
     if state is not None:
-        # Last: an epoch's end is committed after the work done there (checkpoint).
-        fit_callbacks += [elastic.UpdatePositionStateCallback(state, steps, config.batch_size),
-                          elastic.CommitStateCallback(state, config.elastic_commit_steps)]
-    return fit_callbacks, saver, meter, log
+        chosen += [callbacks.TrackPosition(state, config.batch_size),
+                   callbacks.CommitState(state, config.elastic_commit_steps)]
+    return _StartCallbacks(callbacks.in_order(chosen), meter, saver)
 
 
 def _optimizer(config, learning_rate):

@@ -275,26 +275,3 @@ def stop():
         _watchdog.stop()
         _watchdog = None
 
-
-class Progress(keras.callbacks.Callback):
-    """Marks each training and evaluation batch and epoch as progress."""
-
-    def __init__(self):
-        super().__init__()
-        self._epoch = 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-        progress(f"training epoch {epoch + 1}, step 1")
-
-    def on_train_batch_end(self, batch, logs=None):
-        progress(f"training epoch {self._epoch + 1}, step {batch + 2}")
-
-    def on_test_begin(self, logs=None):
-        progress(f"evaluating after epoch {self._epoch + 1}")
-
-    def on_test_batch_end(self, batch, logs=None):
-        progress()
-
-    def on_epoch_end(self, epoch, logs=None):
-        progress(f"ending epoch {epoch + 1}")

@@ -1,4 +1,5 @@
-"""Learning-rate callbacks and metric averaging in one process (size 1)."""
+"""Learning-rate callbacks and metric averaging in one process (size 1), by
+Horovod's names (hvdtrain.keras.callbacks over hvdtrain.callbacks)."""
 
 import keras
 import numpy as np
@@ -6,7 +7,7 @@ import pytest
 
 import hvdtrain
 import momentum_reference
-from hvdtrain import callbacks
+from hvdtrain.keras import callbacks
 from hvdtrain.errors import UsageError
 
 
@@ -62,7 +63,7 @@ def test_warmup_at_one_worker_keeps_the_rate():
 
 
 def test_step_decay_after_warmup_divides_by_ten_at_half_and_three_quarters():
-    seen, history = _fit_recording_lr(callbacks.decay_after_warmup(
+    seen, history = _fit_recording_lr(hvdtrain.callbacks.decay_after_warmup(
         "step", 1.0, epochs=4, warmup_epochs=1, steps_per_epoch=4), epochs=4)
     # Epoch 0 is warm-up's (left at the optimizer's 0.1); then 1, x0.1 at epoch 2, x0.01 at 3.
     assert seen == pytest.approx([0.1] * 4 + [1.0] * 4 + [0.1] * 4 + [0.01] * 4)
@@ -70,7 +71,7 @@ def test_step_decay_after_warmup_divides_by_ten_at_half_and_three_quarters():
 
 
 def test_cosine_decay_after_a_fractional_warmup_reaches_zero_at_the_end():
-    seen, _ = _fit_recording_lr(callbacks.decay_after_warmup(
+    seen, _ = _fit_recording_lr(hvdtrain.callbacks.decay_after_warmup(
         "cosine", 1.0, epochs=3, warmup_epochs=0.5, steps_per_epoch=4), epochs=3)
     expected = [0.5 * (1 + np.cos(np.pi * (1 + i / 4 - 0.5) / 2.5)) for i in range(8)]
     assert seen == pytest.approx([0.1] * 4 + expected, abs=1e-6)

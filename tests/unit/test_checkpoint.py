@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hvdtrain import atomic_files, checkpoint, fit, training_state
+from hvdtrain.callbacks.periodic_checkpoint import monitor_mode
 from hvdtrain.errors import UsageError
 from hvdtrain.training_state import Position
 
@@ -98,8 +99,10 @@ def test_retain_keeps_the_newest_and_the_best(tmp_path):
 
 
 def test_metric_mode():
-    assert checkpoint.metric_mode("val_loss") == "min"
-    assert checkpoint.metric_mode("val_accuracy") == "max"
+    # A model without metrics: the direction is judged by the name's words.
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    assert monitor_mode(model, "val_loss") == "min"
+    assert monitor_mode(model, "val_accuracy") == "max"
 
 
 def test_assign_refuses_a_checkpoint_that_does_not_fit(tmp_path):

@@ -8,6 +8,7 @@ from scipy import stats
 
 import hvdtrain
 from hvdtrain import throughput
+from hvdtrain.callbacks import throughput as throughput_meter
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -38,8 +39,8 @@ def _train(meter, clock, step_seconds, epochs):
 
 def test_warmup_and_epoch_ends_are_left_out(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(throughput.time, "perf_counter", clock)
-    meter = throughput.Throughput(batch_size=8, warmup_steps=2, window_steps=2)
+    monkeypatch.setattr(throughput_meter.time, "perf_counter", clock)
+    meter = throughput_meter.Throughput(batch_size=8, warmup_steps=2, window_steps=2)
     # Slow first steps (tracing) and a partial window at each epoch's end.
     _train(meter, clock, [5.0, 3.0, 0.5, 0.5, 0.25, 0.25, 1.0], epochs=2)
     # Epoch 1: windows [2,3] and [4,5], step 6 dropped. Epoch 2 (no warm-up
@@ -52,8 +53,8 @@ def test_warmup_and_epoch_ends_are_left_out(monkeypatch):
 
 def test_a_new_fit_warms_up_again(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(throughput.time, "perf_counter", clock)
-    meter = throughput.Throughput(batch_size=1, warmup_steps=1, window_steps=1)
+    monkeypatch.setattr(throughput_meter.time, "perf_counter", clock)
+    meter = throughput_meter.Throughput(batch_size=1, warmup_steps=1, window_steps=1)
     _train(meter, clock, [9.0, 1.0], epochs=1)
     _train(meter, clock, [9.0, 0.5], epochs=1)
     assert meter.samples == pytest.approx([1.0, 2.0])
@@ -71,8 +72,8 @@ def test_the_interval_is_students_t_of_the_mean():
 
 def test_too_short_a_run_measures_nothing(monkeypatch):
     clock = Clock()
-    monkeypatch.setattr(throughput.time, "perf_counter", clock)
-    meter = throughput.Throughput(batch_size=8, warmup_steps=10, window_steps=10)
+    monkeypatch.setattr(throughput_meter.time, "perf_counter", clock)
+    meter = throughput_meter.Throughput(batch_size=8, warmup_steps=10, window_steps=10)
     _train(meter, clock, [0.1] * 15, epochs=1)
     assert meter.samples == [] and meter.measurement() is None
 

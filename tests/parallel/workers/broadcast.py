@@ -19,7 +19,7 @@ variables = model.variables + model.optimizer.variables
 for variable in variables:
     variable.assign(np.full(variable.shape, hvdtrain.rank() + 1, variable.dtype))
 before = [np.asarray(v) for v in variables]
-callback = hvdtrain.callbacks.BroadcastGlobalVariablesCallback(root_rank=0)
+callback = hvdtrain.callbacks.BroadcastInitialState(root_rank=0)
 callback.set_model(model)
 callback.on_train_begin()
 after = [np.asarray(v) for v in variables]

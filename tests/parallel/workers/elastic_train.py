@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvdtrain
-from hvdtrain import elastic
+from hvdtrain.keras import elastic
 
 EXAMPLES, FEATURES = 1024, 8
 BATCH, STEPS, EPOCHS, COMMIT = 16, 8, 4, 3

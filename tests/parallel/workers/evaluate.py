@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 import hvdtrain
-from hvdtrain.evaluation import ExactEvaluation
+from hvdtrain.callbacks import ExactEvaluation
 
 out, examples = sys.argv[1], int(sys.argv[2])
 hvdtrain.init()

@@ -33,7 +33,7 @@ class Record(keras.callbacks.Callback):
 
 
 model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), epochs=1, verbose=0,
-          callbacks=[hvdtrain.callbacks.BroadcastGlobalVariablesCallback(0), Record()])
+          callbacks=[hvdtrain.callbacks.BroadcastInitialState(0), Record()])
 np.savez(f"{out}/rank{hvdtrain.rank()}.npz", weights=np.stack(steps["weights"]),
          scale=np.array(steps["scale"]),
          optimizer=type(model.optimizer).__name__,

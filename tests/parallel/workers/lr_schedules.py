@@ -17,6 +17,7 @@ import keras
 import numpy as np
 
 import hvdtrain
+import hvdtrain.keras
 
 STEPS, GLOBAL_BATCH, EPOCHS, LR = 3, 8, 3, 0.05
 
@@ -47,7 +48,7 @@ def run(name, callback, nesterov=False):
             seen.append(float(self.model.optimizer.learning_rate))
 
     model.fit(x[mine], y[mine], batch_size=half, epochs=EPOCHS, shuffle=False, verbose=0,
-              callbacks=[hvdtrain.callbacks.BroadcastGlobalVariablesCallback(0), callback,
+              callbacks=[hvdtrain.keras.callbacks.BroadcastGlobalVariablesCallback(0), callback,
                          Record()])
     np.savez(f"{OUT}/{name}.rank{hvdtrain.rank()}.npz", lrs=np.array(seen),
              w0=initial[0], b0=initial[1], w=model.get_weights()[0], b=model.get_weights()[1])
@@ -55,7 +56,7 @@ def run(name, callback, nesterov=False):
 
 OUT = sys.argv[1]
 hvdtrain.init()
-run("warmup", hvdtrain.callbacks.LearningRateWarmupCallback(LR, warmup_epochs=2))
-run("fractional_warmup", hvdtrain.callbacks.LearningRateWarmupCallback(LR, warmup_epochs=1.5))
-run("decay", hvdtrain.callbacks.LearningRateScheduleCallback(LR, 0.5, start_epoch=1),
+run("warmup", hvdtrain.keras.callbacks.LearningRateWarmupCallback(LR, warmup_epochs=2))
+run("fractional_warmup", hvdtrain.keras.callbacks.LearningRateWarmupCallback(LR, warmup_epochs=1.5))
+run("decay", hvdtrain.keras.callbacks.LearningRateScheduleCallback(LR, 0.5, start_epoch=1),
     nesterov=True)

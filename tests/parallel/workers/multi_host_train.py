@@ -46,7 +46,7 @@ class InitialDigest(keras.callbacks.Callback):
 
 initial = InitialDigest()
 history = model.fit(train.for_epochs(1), epochs=1, steps_per_epoch=STEPS, verbose=0,
-                    callbacks=[hvdtrain.callbacks.BroadcastGlobalVariablesCallback(0), initial])
+                    callbacks=[hvdtrain.callbacks.BroadcastInitialState(0), initial])
 address, = (a.address for a in psutil.net_if_addrs()[interface] if a.family == socket.AF_INET)
 # One write: Open MPI tags each piece of output it reads with the rank.
 sys.stdout.write("multi_host " + json.dumps({

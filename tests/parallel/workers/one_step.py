@@ -23,6 +23,6 @@ initial = model.get_weights()
 data = hvdtrain.data.from_arrays((x, y), global_batch // hvdtrain.size(), training=True)
 assert data.steps == 1 and data.dropped == 0
 model.fit(data.for_epochs(1), epochs=1, steps_per_epoch=data.steps, verbose=0,
-          callbacks=[hvdtrain.callbacks.BroadcastGlobalVariablesCallback(0)])
+          callbacks=[hvdtrain.callbacks.BroadcastInitialState(0)])
 if hvdtrain.is_main_process():
     np.savez(out, *initial, *model.get_weights())

@@ -1,4 +1,5 @@
-"""Periodic checkpoints during `fit` (restoring them: checkpoint.py)."""
+"""Checkpoints during `fit`: when to save, and what (the format and the
+writing: hvdtrain.checkpoint)."""
 
 import time
 
@@ -7,42 +8,51 @@ import keras
 from absl import logging
 
 from hvdtrain import checkpoint, optimizer as optimizer_lib, runtime
+from hvdtrain.callbacks.base import TrainingCallback
 from hvdtrain.errors import TrainingError
 from hvdtrain.training_state import Position, training_variables
 
+__all__ = ["PeriodicCheckpoint"]
 
-class PeriodicCheckpoint(keras.callbacks.Callback):
+
+class PeriodicCheckpoint(TrainingCallback):
     """Saves a checkpoint every `every_epochs` epochs (and after the last),
     and every `every_steps` training steps. Give it to every rank: gradients
     being accumulated are rank-local and get averaged into the checkpoint.
     Only rank 0 writes; it keeps the newest `keep` and the best by `monitor`,
     and never writes a state that is not finite (with `nan_policy` "fail"
-    that ends training, with "ignore" the save is skipped)."""
+    that ends training, with "ignore" the save is skipped).
 
-    def __init__(self, directory, settings, steps, batch_size, epochs, every_epochs=1,
+    Args:
+        directory: Where the checkpoints go (MODEL_DIR/checkpoints).
+        settings: The run's settings (a dict), recorded in each checkpoint.
+        batch_size: The batch per worker.
+        epochs: The run's epochs: the last one always ends with a checkpoint.
+        every_epochs: Epochs between checkpoints (0: only after the last).
+        every_steps: Training steps between checkpoints inside epochs (0: none).
+        keep: How many of the newest checkpoints are kept.
+        monitor: The metric whose best checkpoint is kept too (None: none).
+            Better is the direction the metric declares, as in Keras's
+            callbacks; a name no metric of the model has is judged by its
+            words (losses and errors are smaller when better).
+        nan_policy: "fail" or "ignore", as --nan_policy.
+    """
+
+    def __init__(self, directory, settings, batch_size, epochs, every_epochs=1,
                  every_steps=0, keep=3, monitor=None, nan_policy="fail"):
         super().__init__()
-        self.directory = directory
-        self.settings = settings
-        self.steps = steps
-        self.batch_size = batch_size
-        self.epochs = epochs
-        self.every_epochs = every_epochs
-        self.every_steps = every_steps
-        self.keep = keep
-        self.monitor = monitor
+        self.directory, self.settings = directory, settings   # what is written where
+        self.batch_size, self.epochs = batch_size, epochs
+        self.every_epochs, self.every_steps = every_epochs, every_steps   # when
+        self.keep, self.monitor = keep, monitor   # which are kept
         self.nan_policy = nan_policy
         self.seconds = []   # each save's duration, on rank 0
-        self._epoch = 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
         step = batch + 1
-        if (self.every_steps and step < self.steps
-                and (self._epoch * self.steps + step) % self.every_steps == 0):
-            self._save(self._epoch, step)
+        if (self.every_steps and step < self.params["steps"]
+                and self.global_step(batch) % self.every_steps == 0):
+            self._save(self.epoch, step)
 
     def on_epoch_end(self, epoch, logs=None):
         done = epoch + 1
@@ -57,7 +67,7 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             return
         start = time.perf_counter()
         values = [keras.ops.convert_to_numpy(v) for v in values]
-        position = Position(epoch, step, self.steps, hvd.size(), self.batch_size)
+        position = Position(epoch, step, self.params["steps"], hvd.size(), self.batch_size)
         if not checkpoint.all_finite(values):
             # Never let a diverged state push good checkpoints out.
             message = (f"the model's state is no longer finite after {position.describe()}: "
@@ -71,12 +81,36 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
             path = checkpoint.save(self.directory, values, position, self.settings, metric,
                                    names=[v.path for v in variables])
             checkpoint.retain(self.directory, self.keep,
-                              checkpoint.metric_mode(self.monitor) if self.monitor else None)
+                              monitor_mode(self.model, self.monitor) if self.monitor else None)
         except OSError as e:
             raise TrainingError(f"could not write the checkpoint in {self.directory}: {e}; "
                                 "free space there or choose another --model_dir") from None
         self.seconds.append(time.perf_counter() - start)
         logging.info("checkpoint %s written in %.2f s", path, self.seconds[-1])
+
+
+def monitor_mode(model, monitor):
+    """"min" or "max": whether a smaller or a larger `monitor` is better.
+
+    The direction its metric declares, as Keras's MonitorCallback reads it
+    (`val_` names the same metric on the validation split); the loss is
+    minimised. A name no metric of `model` has falls back to its words:
+    losses and errors ("loss", "error", "mse", "mae") are minimised.
+    """
+    name = monitor.removeprefix("val_")
+    if name == "loss":
+        return "min"
+    for metric in _metrics(model):
+        if metric.name == name and hasattr(metric, "_direction"):  # Keras's own attribute
+            return "max" if metric._direction == "up" else "min"
+    return "min" if any(word in monitor for word in ("loss", "error", "mse", "mae")) else "max"
+
+
+def _metrics(model):
+    """The model's metric objects, those compile() groups included."""
+    for metric in model.metrics:
+        yield metric
+        yield from getattr(metric, "metrics", ())
 
 
 def _with_local_state_averaged(model, variables):

@@ -1,0 +1,31 @@
+"""hvdtrain's Keras 3 callbacks for data-parallel training, one per module.
+
+`order.ORDER` is the order `hvdtrain train` runs them in. Horovod's
+callbacks, by Horovod's names, are in hvdtrain.keras.callbacks.
+"""
+
+from hvdtrain.callbacks.atomic_model_checkpoint import AtomicModelCheckpoint
+from hvdtrain.callbacks.average_metrics import AverageMetrics
+from hvdtrain.callbacks.base import TrainingCallback
+from hvdtrain.callbacks.broadcast_initial_state import BroadcastInitialState
+from hvdtrain.callbacks.commit_state import CommitState
+from hvdtrain.callbacks.epoch_tensorboard import EpochTensorBoard
+from hvdtrain.callbacks.exact_evaluation import ExactEvaluation
+from hvdtrain.callbacks.fail_on_non_finite_loss import FailOnNonFiniteLoss
+from hvdtrain.callbacks.horovod_timeline import HorovodTimeline
+from hvdtrain.callbacks.learning_rate_schedule import ScheduledLearningRate, decay_after_warmup
+from hvdtrain.callbacks.learning_rate_warmup import LearningRateWarmup
+from hvdtrain.callbacks.order import ORDER, in_order
+from hvdtrain.callbacks.periodic_checkpoint import PeriodicCheckpoint
+from hvdtrain.callbacks.run_log import RunLog
+from hvdtrain.callbacks.throughput import Throughput
+from hvdtrain.callbacks.track_position import TrackPosition
+from hvdtrain.callbacks.watchdog_progress import WatchdogProgress
+
+__all__ = [
+    "AtomicModelCheckpoint", "AverageMetrics", "BroadcastInitialState", "CommitState",
+    "EpochTensorBoard", "ExactEvaluation", "FailOnNonFiniteLoss", "HorovodTimeline",
+    "LearningRateWarmup", "ORDER", "PeriodicCheckpoint", "RunLog", "ScheduledLearningRate",
+    "Throughput", "TrackPosition", "TrainingCallback", "WatchdogProgress",
+    "decay_after_warmup", "in_order",
+]

@@ -1,0 +1,26 @@
+"""Validation metrics exact over the whole split, however it is sharded."""
+
+import keras
+
+from hvdtrain.evaluation import sum_metric_states
+
+__all__ = ["ExactEvaluation"]
+
+
+class ExactEvaluation(keras.callbacks.Callback):
+    """Sums evaluation metric states over workers after this worker's
+    `steps` evaluation batches (its shard's length, which may differ from
+    the other workers'); see hvdtrain.evaluation."""
+
+    def __init__(self, steps):
+        super().__init__()
+        self.steps = steps
+        self._done = 0
+
+    def on_test_begin(self, logs=None):
+        self._done = 0
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._done += 1
+        if self._done == self.steps:
+            sum_metric_states(self.model.metrics)

@@ -1,0 +1,56 @@
+"""The one order hvdtrain's callbacks run in, and why.
+
+Keras runs callbacks in list order, hook by hook: at an epoch's end the
+metrics must be averaged before anything reads them, and an elastic commit
+must come after the checkpoint it should cover.
+"""
+
+from hvdtrain.callbacks.average_metrics import AverageMetrics
+from hvdtrain.callbacks.broadcast_initial_state import BroadcastInitialState
+from hvdtrain.callbacks.commit_state import CommitState
+from hvdtrain.callbacks.epoch_tensorboard import EpochTensorBoard
+from hvdtrain.callbacks.exact_evaluation import ExactEvaluation
+from hvdtrain.callbacks.fail_on_non_finite_loss import FailOnNonFiniteLoss
+from hvdtrain.callbacks.horovod_timeline import HorovodTimeline
+from hvdtrain.callbacks.learning_rate_schedule import ScheduledLearningRate
+from hvdtrain.callbacks.learning_rate_warmup import LearningRateWarmup
+from hvdtrain.callbacks.periodic_checkpoint import PeriodicCheckpoint
+from hvdtrain.callbacks.run_log import RunLog
+from hvdtrain.callbacks.throughput import Throughput
+from hvdtrain.callbacks.track_position import TrackPosition
+from hvdtrain.callbacks.watchdog_progress import WatchdogProgress
+
+__all__ = ["ORDER", "in_order"]
+
+ORDER = (
+    Throughput,             # first: its timing leaves out the others' work between steps
+    WatchdogProgress,
+    BroadcastInitialState,
+    ExactEvaluation,        # validation metrics: exact over the whole split, ...
+    AverageMetrics,         # ... training metrics: averaged, before everything that reads them
+    FailOnNonFiniteLoss,
+    LearningRateWarmup,     # the rate: warm-up, then the schedule after it
+    ScheduledLearningRate,
+    PeriodicCheckpoint,     # writes the averaged metric it monitors
+    RunLog,                 # records the averaged metrics and the meter's epoch
+    EpochTensorBoard,
+    HorovodTimeline,
+    TrackPosition,          # last: an epoch's end is committed after the work done
+    CommitState,            # there (checkpoint), with the position just tracked
+)
+
+
+def in_order(callbacks):
+    """`callbacks` in ORDER's order, each placed by the first of ORDER's
+    classes it is an instance of (a subclass stands where its base does).
+
+    Raises:
+        ValueError: a callback is an instance of none of ORDER's classes.
+    """
+    def place(callback):
+        for index, cls in enumerate(ORDER):
+            if isinstance(callback, cls):
+                return index
+        raise ValueError(f"{type(callback).__name__} has no place in callbacks.ORDER")
+
+    return sorted(callbacks, key=place)

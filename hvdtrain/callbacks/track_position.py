@@ -1,0 +1,36 @@
+"""Elastic training's position, kept in its state for a restart."""
+
+import horovod.tensorflow as hvd
+
+from hvdtrain.callbacks.base import TrainingCallback
+from hvdtrain.training_state import Position
+
+__all__ = ["TrackPosition"]
+
+
+class TrackPosition(TrainingCallback):
+    """Keeps in `state.position` the training_state.Position training stands
+    at (the batch after the last one done), in a run of batches of
+    `batch_size` per worker on the current workers: what
+    `training_state.continue_at` maps to the workers there are after a
+    restart.
+
+    It never ends an epoch early (Horovod's UpdateBatchStateCallback does):
+    fit a resumed epoch's rest with its own steps, and give this callback
+    the batch numbers of the whole epoch (fit.ContinuedEpoch does).
+    """
+
+    def __init__(self, state, batch_size):
+        super().__init__()
+        self.state = state
+        self.batch_size = batch_size
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._stand_at(self.epoch, batch + 1)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._stand_at(epoch + 1, 0)
+
+    def _stand_at(self, epoch, step):
+        self.state.position = Position(epoch, step, self.params["steps"], hvd.size(),
+                                       self.batch_size)
