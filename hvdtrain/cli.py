@@ -24,6 +24,8 @@ from hvdtrain.config import TrainConfig
 from hvdtrain import errors
 from hvdtrain.errors import TrainingError, UsageError
 
+__all__ = ["SETTINGS", "run", "run_recipe"]
+
 COMMANDS = ("train", "check-config", "doctor", "report")
 
 # TrainConfig's settings; each is a flag of the same name. (Its `options`,

@@ -10,6 +10,8 @@ overflow and small ones do not flush to zero the way they do in fp16.
 from horovod.tensorflow.compression import Compression as _HorovodCompression
 from horovod.tensorflow.compression import Compressor
 
+__all__ = ["BF16Compressor", "Compression"]
+
 
 class BF16Compressor(Compressor):
     """Marks a reduction to run on bfloat16 payloads with float32 sums."""

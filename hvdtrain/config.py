@@ -8,6 +8,9 @@ from collections.abc import Callable
 from hvdtrain import schedules
 from hvdtrain.errors import UsageError
 
+__all__ = ["COMPRESSIONS", "NON_NEGATIVE", "OPTIMIZERS", "Optimizer", "POSITIVE", "Range",
+           "TrainConfig"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Optimizer:

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+__all__ = ["nccl_version", "report", "sections"]
+
 SELF_TEST_BYTES = 64 * 2**20
 SELF_TEST_REPEATS = 5
 

@@ -1,5 +1,7 @@
 """Errors that end a run with one clear line instead of a traceback."""
 
+__all__ = ["TrainingError", "UsageError", "lost_peer"]
+
 
 class UsageError(Exception):
     """Bad input (flags, config, data): the message names the problem and the

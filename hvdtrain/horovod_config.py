@@ -23,6 +23,8 @@ import yaml
 
 from hvdtrain.errors import UsageError
 
+__all__ = ["SCHEMA", "check", "warn_about_launch_config"]
+
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 
 

@@ -18,6 +18,8 @@ import os
 import sys
 import threading
 
+__all__ = ["start"]
+
 _MPI_PROCESSES = {"mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra", "orted", "prted",
                   "hydra_pmi_proxy"}
 _LAUNCHED_BY = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")

@@ -6,6 +6,8 @@ import tempfile
 
 from hvdtrain.errors import UsageError
 
+__all__ = ["DEFAULT_PARENT", "check_usable"]
+
 DEFAULT_PARENT = pathlib.Path("runs")   # a recipe's default --model_dir is runs/<recipe>
 
 

@@ -27,6 +27,8 @@ from hvdtrain.collectives import root_name_scope
 from hvdtrain.compression import BF16Compressor, Compression
 from hvdtrain.errors import UsageError
 
+__all__ = ["GradientReducer", "LocalVariables", "OPS"]
+
 OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
 
 # Numbers the reducers in the order this process first traces them: the

@@ -12,6 +12,8 @@ import pathlib
 from hvdtrain import run_log
 from hvdtrain.errors import UsageError
 
+__all__ = ["FILE", "epochs", "write"]
+
 FILE = "report.png"
 
 

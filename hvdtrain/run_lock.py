@@ -18,6 +18,8 @@ import socket
 from hvdtrain import collectives, runtime
 from hvdtrain.errors import UsageError
 
+__all__ = ["FILE", "acquire", "release"]
+
 FILE = "run.lock"
 _held = {}   # model directory -> the open file holding its lock
 

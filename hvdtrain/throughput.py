@@ -22,6 +22,8 @@ import tensorflow as tf
 from absl import logging
 from scipy import stats
 
+__all__ = ["Measurement", "Rate", "describe", "log", "measure", "step_time_percentiles"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Rate:

@@ -23,6 +23,8 @@ from hvdtrain.model_dir import DEFAULT_PARENT, check_usable
 from hvdtrain.optimizer import DistributedOptimizer
 from hvdtrain.training_state import Position
 
+__all__ = ["TrainResult", "train"]
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainResult:

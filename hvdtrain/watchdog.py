@@ -34,6 +34,9 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
+__all__ = ["Board", "counted", "paused", "progress", "serve_board", "stall_message", "start",
+           "stop", "use_board"]
+
 _SCOPE = "hvdtrain.heartbeat"
 _REQUEST_SECONDS = 2
 # Frames of these are how a rank runs, not where it is: skipped when looking

@@ -7,6 +7,8 @@ import tensorflow as tf
 from hvdtrain.data import sharding
 from hvdtrain.errors import UsageError
 
+__all__ = ["from_arrays"]
+
 
 def from_arrays(arrays, batch_size, *, training, seed=0):
     """This worker's shard of `arrays` (a nest of arrays of equal length)."""

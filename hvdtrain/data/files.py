@@ -23,6 +23,8 @@ from hvdtrain import collectives
 from hvdtrain.data import image_headers, input_errors, sharding
 from hvdtrain.errors import UsageError
 
+__all__ = ["count_records", "from_image_folder", "from_tfrecords", "tfrecord_problem"]
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 
 

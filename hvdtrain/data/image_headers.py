@@ -9,6 +9,8 @@ refused here; damage in the middle of the data is found only by decoding.
 
 import struct
 
+__all__ = ["BadImage", "size"]
+
 _HEAD = 32          # PNG, BMP and GIF give their size in these; JPEG's is found by seeking
 _TAIL = 1024        # end markers are looked for this close to the end
 

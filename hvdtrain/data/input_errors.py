@@ -15,6 +15,8 @@ import tensorflow as tf
 from hvdtrain import errors
 from hvdtrain.errors import UsageError
 
+__all__ = ["each_file", "reason", "usage_error"]
+
 # What TensorFlow puts around the reason on one line.
 _NOISE = re.compile(
     r"\{\{function_node [^}]*\}\}"                # {{function_node __wrapped__...}}

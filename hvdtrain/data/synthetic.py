@@ -5,6 +5,8 @@ import tensorflow as tf
 
 from hvdtrain.data import sharding
 
+__all__ = ["synthetic"]
+
 
 def synthetic(shape, num_classes, batch_size, steps, dtype=tf.float32, seed=0):
     """`steps` batches per epoch of random features of `shape` and labels."""

@@ -20,6 +20,8 @@ from hvdtrain.data import input_errors, sharding
 from hvdtrain.data.files import count_records
 from hvdtrain.errors import UsageError
 
+__all__ = ["from_tfds", "prepare"]
+
 
 def from_tfds(name, split, batch_size, *, training, preprocess, data_dir=None, seed=0,
               cache=False, deterministic=False, builder=None):

@@ -8,6 +8,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 from sklearn.datasets import load_digits
 
+__all__ = ["HvdtrainDigits", "prepare"]
+
 VALIDATION_FRACTION = 0.2
 SPLIT_SEED = 0
 # Several files per split, so that workers read whole files, as they do on
