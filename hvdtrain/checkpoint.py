@@ -58,6 +58,7 @@ class CorruptCheckpoint(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
+    """A checkpoint's metadata, as `read` finds it (its values apart)."""
     path: pathlib.Path
     position: Position
     metric: float | None    # the monitored metric at this position, if measured
@@ -69,14 +70,42 @@ class Checkpoint:
 
 
 def all_finite(values):
-    """Whether every floating-point value in `values` (arrays) is finite: a
-    state that is not is never written, as a checkpoint or as the model."""
+    """Whether every floating-point value in `values` is finite: a state that
+    is not is never written, as a checkpoint or as the model.
+
+    Args:
+        values: NumPy arrays; those of other dtypes (integer counters) are
+            not looked at.
+
+    Returns:
+        True if no floating-point array holds a NaN or an infinity.
+    """
     return all(np.isfinite(v).all() for v in values if np.issubdtype(v.dtype, np.floating))
 
 
 def save(directory, variables, position, settings, metric=None, names=None):
-    """Writes `variables` (arrays, or Keras or TF variables; `names` for
-    readers) as the checkpoint at `position`; returns its path. Rank 0 only."""
+    """Writes the checkpoint at `position`, atomically. Rank 0 only.
+
+    The same position saved again replaces the earlier checkpoint.
+
+    Args:
+        directory: The checkpoints' directory (created if missing).
+        variables: Arrays, or Keras or TF variables, in the order `assign`
+            sets them back.
+        position: The `training_state.Position` after which they were taken;
+            it names the checkpoint's directory.
+        settings: The run's settings (a dict of the TrainConfig), for the
+            checks on resuming.
+        metric: The monitored metric at this position, for `retain`'s best.
+        names: The variables' names, for readers.
+
+    Returns:
+        The checkpoint's path.
+
+    Raises:
+        OSError: If it cannot be written (full disk, no permission); the
+            part written under the temporary name is removed.
+    """
     directory = pathlib.Path(directory)
     final = directory / position.name
     temporary = atomic_files.temporary_path(final)
@@ -103,7 +132,11 @@ def save(directory, variables, position, settings, metric=None, names=None):
 
 
 def listed(directory):
-    """The checkpoints' directories under `directory`, newest first, unverified."""
+    """The checkpoints' directories under `directory`, newest first, unverified.
+
+    Returns:
+        A list of paths, empty if `directory` does not exist.
+    """
     directory = pathlib.Path(directory)
     if not directory.is_dir():
         return []
@@ -113,8 +146,16 @@ def listed(directory):
 
 
 def read(path):
-    """(Checkpoint, values) of the checkpoint at `path`; raises
-    CorruptCheckpoint if any part of it is missing or damaged."""
+    """Reads and verifies the checkpoint at `path`.
+
+    Returns:
+        (Checkpoint, values): its metadata and its variables' values, a list
+        of NumPy arrays in the order they were saved.
+
+    Raises:
+        CorruptCheckpoint: If any part of it is missing, damaged (the
+            checksum does not match) or of an unknown format.
+    """
     path = pathlib.Path(path)
     try:
         meta = json.loads((path / META).read_text())
@@ -132,8 +173,13 @@ def read(path):
 
 
 def newest(directory):
-    """(Checkpoint, values) of the newest intact checkpoint, or None. Damaged
-    newer ones are skipped with a warning each."""
+    """The newest intact checkpoint under `directory`. Damaged newer ones are
+    skipped with a warning each.
+
+    Returns:
+        (Checkpoint, values) as `read` returns them, or None if no checkpoint
+        is intact.
+    """
     for path in listed(directory):
         try:
             return read(path)
@@ -145,7 +191,18 @@ def newest(directory):
 
 def assign(variables, checkpoint, values):
     """Sets `variables` to a checkpoint's values, after checking that all of
-    them fit: a checkpoint is loaded whole or not at all."""
+    them fit: a checkpoint is loaded whole or not at all.
+
+    Args:
+        variables: The Keras variables to set, in the order they were saved
+            (`training_state.training_variables`).
+        checkpoint: The `Checkpoint` the values come from, named in errors.
+        values: Its values, as `read` returns them.
+
+    Raises:
+        UsageError: If the number of variables or a shape differs: the
+            checkpoint was written by another model or settings.
+    """
     variables = list(variables)
     mismatch = None
     if len(values) != len(variables):
@@ -166,7 +223,15 @@ def assign(variables, checkpoint, values):
 
 def retain(directory, keep, mode=None):
     """Deletes all checkpoints but the newest `keep` and the best by their
-    metric (`mode` "min" or "max"; None: no best kept)."""
+    metric.
+
+    Args:
+        directory: The checkpoints' directory.
+        keep: How many of the newest to keep.
+        mode: "min" or "max": the direction in which the metric is best;
+            None keeps no best. Checkpoints without a finite metric are
+            never the best.
+    """
     paths = listed(directory)
     kept = set(paths[:keep])
     if mode is not None:
@@ -187,8 +252,26 @@ def retain(directory, keep, mode=None):
 
 def restore(model, directory, config, steps):
     """Restores the newest intact checkpoint under `directory` into `model`
-    on rank 0 and returns, on every rank, (epoch, step) where training goes
-    on: (0, 0) if there is none. `steps` is this run's batches per epoch."""
+    on rank 0 and tells every rank where training goes on. Call it on every
+    rank; the other ranks get the variables with the broadcast at the start
+    of training.
+
+    Args:
+        model: The compiled Keras model (its optimizer is built if needed).
+        directory: The checkpoints' directory.
+        config: This run's `TrainConfig`, compared with the checkpoint's.
+        steps: This run's batches per epoch, to map the checkpoint's
+            position onto this run's workers and batch size.
+
+    Returns:
+        (epoch, step) where training goes on, on every rank: (0, 0) if there
+        is no checkpoint.
+
+    Raises:
+        UsageError: On every rank, if all checkpoints are damaged, the newest
+            intact one was written with another recipe, optimizer, precision
+            or backward_passes_per_step, or its variables do not fit the model.
+    """
     error, found = None, None
     if runtime.is_main_process():
         atomic_files.remove_unfinished(directory)
@@ -215,7 +298,12 @@ def restore(model, directory, config, steps):
 
 
 def refuse_to_overwrite(directory):
-    """Stops a fresh run from mixing its checkpoints with an earlier run's."""
+    """Stops a fresh run from mixing its checkpoints with an earlier run's.
+    Call it on every rank.
+
+    Raises:
+        UsageError: On every rank, if `directory` holds checkpoints.
+    """
     if runtime.is_main_process() and listed(directory):
         error = UsageError(f"{directory} holds checkpoints of an earlier run; pass --resume "
                            "to go on from them, or choose another --model_dir")

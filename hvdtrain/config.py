@@ -73,9 +73,20 @@ def _number(default, allowed, help):
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """Each setting once: its default, and in its metadata the help of its
-    flag (cli.py makes one per field but `options`) and the values it may
-    take: `choices`, or a number's `range`."""
+    """The settings of one training run, each declared once.
+
+    A recipe gives the defaults (`hvdtrain.recipe.make_config`), the user
+    overrides some (`override`), and `validate` checks them as a whole before
+    training starts. Each field holds its default, and in its metadata the
+    help of its flag and the values it may take (`choices`, or a number's
+    `range`): the command line's flags are made from those fields, one per
+    field but `options` (see cli.py), so a new setting is a new field only.
+
+    Args:
+        options: The recipe's own settings (`Recipe.options`), set by
+            `--option=NAME=VALUE`. Every other field is a setting whose help
+            (in its metadata, and in `hvdtrain train --help`) says what it does.
+    """
     recipe: str = _setting("digits_cnn", "Recipe to train: a module of recipes/.")
     epochs: int = _number(10, POSITIVE, "Epochs to train.")
     batch_size: int = _number(32, POSITIVE, "Batch size per worker (global: workers x this).")
@@ -162,14 +173,32 @@ class TrainConfig:
     options: dict = dataclasses.field(default_factory=dict)
 
     def override(self, **values):
-        """A copy with `values` set; None means keep the current value."""
+        """A copy with some settings changed.
+
+        Args:
+            **values: Settings by field name; None keeps the current value.
+
+        Returns:
+            A new `TrainConfig` (not validated: call `validate`).
+
+        Raises:
+            UsageError: If a name is not a setting.
+        """
         unknown = set(values) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise UsageError(f"unknown setting(s) {', '.join(sorted(unknown))}")
         return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})
 
     def validate(self):
-        """Raises UsageError naming the first bad setting and how to fix it."""
+        """Checks the settings as a whole: numbers in their ranges, names among
+        their choices, and `timeline_steps` and `verbose` well formed.
+
+        Returns:
+            This config, so that a call can end a chain.
+
+        Raises:
+            UsageError: Naming the first bad setting and how to fix it.
+        """
         for field in dataclasses.fields(self):
             if "range" in field.metadata:
                 _check_number(field, getattr(self, field.name))
@@ -184,7 +213,16 @@ class TrainConfig:
         return self
 
     def timeline_window(self):
-        """(first, last) global steps of --timeline_steps (1-based, inclusive); None when off."""
+        """The steps `--timeline_steps` records.
+
+        Returns:
+            (first, last) global training steps, 1-based and inclusive; None
+            when `timeline_steps` is empty.
+
+        Raises:
+            UsageError: If `timeline_steps` is not FIRST:LAST with
+                1 <= FIRST <= LAST.
+        """
         if not self.timeline_steps:
             return None
         first, colon, last = self.timeline_steps.partition(":")

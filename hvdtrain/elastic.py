@@ -44,9 +44,13 @@ __all__ = ["KerasState", "launched", "run"]
 
 
 def launched():
-    """True in a worker that horovodrun started in elastic mode (with
-    --min-np, --max-np or --host-discovery-script): its elastic driver sets
-    HOROVOD_ELASTIC=1 for the workers."""
+    """Whether this worker runs under horovodrun's elastic mode.
+
+    Returns:
+        True in a worker that horovodrun started in elastic mode (with
+        --min-np, --max-np or --host-discovery-script): its elastic driver
+        sets HOROVOD_ELASTIC=1 for the workers.
+    """
     return os.environ.get("HOROVOD_ELASTIC") == "1"
 
 
@@ -57,6 +61,19 @@ class KerasState(ObjectState):
     `commit()` copies the variables to host memory (and raises
     `HostsUpdatedInterrupt` when hosts were added or removed), `restore()`
     puts the last copy back, `sync()` sets every worker to rank 0's state.
+
+    Args:
+        model: A built Keras 3 model. Its train step is traced again at each
+            reset, since the traced one holds the old world size.
+        optimizer: The optimizer whose variables (slots, iteration count) are
+            kept with the model's; built here if it is not yet. Defaults to
+            `model.optimizer`.
+        **kwargs: Further state, each an attribute of its own name (e.g.
+            `position`), committed, restored and synced with the variables.
+
+    Raises:
+        UsageError: If there is no optimizer (neither given nor compiled) or
+            the model is not built.
     """
 
     def __init__(self, model, optimizer=None, **kwargs):
@@ -109,6 +126,16 @@ def run(func):
 
     Code that runs before the first call must not use collectives: a worker
     that joins runs it while the others are syncing.
+
+    Args:
+        func: A function whose first argument is the `KerasState` (or other
+            Horovod `State`) it trains from.
+
+    Returns:
+        A function of the same arguments that returns `func`'s result once
+        it completes on the workers there are at the end. A lost peer,
+        whatever op noticed it, counts as a failed worker; other errors are
+        raised as they are.
     """
     @functools.wraps(func)
     def recoverable(state, *args, **kwargs):

@@ -10,7 +10,13 @@ __all__ = ["AtomicModelCheckpoint"]
 class AtomicModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """keras.callbacks.ModelCheckpoint, with its arguments and meaning, for
     data-parallel training: only rank 0 writes, under a temporary name
-    renamed into place, so a reader never sees half a file."""
+    renamed into place, so a reader never sees half a file.
+
+    Args:
+        As for `keras.callbacks.ModelCheckpoint` (`filepath`, `monitor`,
+        `save_best_only`, `save_weights_only`, `save_freq`, ...). On ranks
+        other than 0 it writes nothing.
+    """
 
     def _save_model(self, epoch, batch, logs):
         # Keras 3.15's own version (private API; Keras is pinned), writing atomically.

@@ -14,6 +14,12 @@ class CommitState(keras.callbacks.Callback):
     An epoch's last batch is committed by the epoch's end, after the work
     done there: a restart then never resumes an epoch with no batch left,
     which Keras could not run without taking one more.
+
+    Args:
+        state: The `hvdtrain.elastic.KerasState` to commit.
+        batches_per_commit: Batches between commits, counted from each
+            (re)start of training so that every worker commits at the same
+            batches.
     """
 
     def __init__(self, state, batches_per_commit=1):

@@ -10,7 +10,13 @@ class EpochTensorBoard(keras.callbacks.TensorBoard):
     only at epoch ends (update_freq="epoch", the default): Keras 3.15 still
     builds a summary of every training metric at every step then, with no
     writer set, so nothing is written (bench/np1_overhead.py measures the
-    callbacks' cost per step)."""
+    callbacks' cost per step).
+
+    Args:
+        As for `keras.callbacks.TensorBoard` (`log_dir`, `update_freq`,
+        `histogram_freq`, ...); with any `update_freq` but "epoch" it
+        behaves as Keras's.
+    """
 
     def on_train_batch_end(self, batch, logs=None):
         super().on_train_batch_end(batch, None if self.update_freq == "epoch" else logs)

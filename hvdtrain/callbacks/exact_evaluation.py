@@ -10,7 +10,14 @@ __all__ = ["ExactEvaluation"]
 class ExactEvaluation(keras.callbacks.Callback):
     """Sums evaluation metric states over workers after this worker's
     `steps` evaluation batches (its shard's length, which may differ from
-    the other workers'); see hvdtrain.evaluation."""
+    the other workers'); see hvdtrain.evaluation. Give it to every rank: the
+    sum is a collective.
+
+    Args:
+        steps: This worker's evaluation batches (the `steps` of its
+            evaluation `ShardedDataset`); after the last of them the states
+            are summed.
+    """
 
     def __init__(self, steps):
         super().__init__()

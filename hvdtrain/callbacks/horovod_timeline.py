@@ -15,7 +15,14 @@ class HorovodTimeline(TrainingCallback):
     """Records Horovod's timeline (negotiation, fusion and each collective,
     for every rank) over global training steps `first` to `last`
     (1-based, inclusive) into `path`, which rank 0 writes; view it in
-    chrome://tracing or ui.perfetto.dev. Needs runtime.init(timeline=True)."""
+    chrome://tracing or ui.perfetto.dev. Needs runtime.init(timeline=True).
+
+    Args:
+        path: The timeline's JSON file; its directory is created if missing.
+        first: The first global training step recorded (1-based).
+        last: The last global training step recorded (inclusive); recording
+            also stops when training ends before it.
+    """
 
     def __init__(self, path, first, last):
         super().__init__()

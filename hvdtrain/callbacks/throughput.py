@@ -21,6 +21,13 @@ class Throughput(keras.callbacks.Callback):
     so far in `run_measurement`, and in `seconds` the time since the first
     fit began. A measurement is None when there were too few steps for one
     window.
+
+    Args:
+        batch_size: Examples per step on each worker.
+        warmup_steps: Training steps at the start of each fit left out
+            (tracing, tf.data's autotuning, Horovod's caches filling up).
+        window_steps: Training steps per timed window; each window gives one
+            rate sample, and a window an epoch's end cuts short is dropped.
     """
 
     def __init__(self, batch_size, warmup_steps=10, window_steps=10):

@@ -18,6 +18,12 @@ class TrackPosition(TrainingCallback):
     It never ends an epoch early (Horovod's UpdateBatchStateCallback does):
     fit a resumed epoch's rest with its own steps, and give this callback
     the batch numbers of the whole epoch (fit.ContinuedEpoch does).
+
+    Args:
+        state: The `hvdtrain.elastic.KerasState` whose `position` it sets.
+        batch_size: Examples per batch on each worker, kept in the position
+            so that it can be mapped onto another batch size or number of
+            workers.
     """
 
     def __init__(self, state, batch_size):

@@ -11,7 +11,24 @@ __all__ = ["from_arrays"]
 
 
 def from_arrays(arrays, batch_size, *, training, seed=0):
-    """This worker's shard of `arrays` (a nest of arrays of equal length)."""
+    """This worker's shard of in-memory arrays: rows r, r+n, ... on worker r of n.
+
+    Args:
+        arrays: A nest (e.g. a tuple `(features, labels)` or a dict) of
+            arrays of equal length, one row per example.
+        batch_size: Examples per batch on this worker.
+        training: Whether the rows are for training: shuffled each epoch, in
+            full batches, the same number on every worker. Otherwise every
+            row once, the last batch possibly short.
+        seed: The run's seed; each epoch's order derives from (seed, epoch).
+
+    Returns:
+        A `ShardedDataset`.
+
+    Raises:
+        UsageError: If the arrays differ in length, or a training worker
+            cannot fill one batch (or, in evaluation, has no row).
+    """
     lengths = {"/".join(map(str, path)) or "the array": len(a)
                for path, a in keras.tree.flatten_with_path(arrays)}
     if len(set(lengths.values())) > 1:

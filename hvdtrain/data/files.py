@@ -32,9 +32,28 @@ def from_tfrecords(pattern, parse, batch_size, *, training, seed=0, deterministi
                    cache=False):
     """This worker's part of the TFRecord files matching `pattern`.
 
-    parse(serialized_record, seed) -> (features, label); `seed` is a
-    per-example stateless seed (shape [2]) in training, None otherwise.
-    cache: keep this worker's records in memory after the first epoch.
+    Args:
+        pattern: A glob of TFRecord files (local or any filesystem tf.io.gfile reads).
+        parse: parse(serialized_record, seed) -> (features, label); `seed` is
+            a per-example stateless seed (shape [2]) in training, None otherwise.
+        batch_size: Examples per batch on this worker.
+        training: Whether the files are for training: shuffled each epoch (the
+            file order, then a shuffle buffer), in full batches, the same
+            number on every worker. Otherwise every record once, the last
+            batch possibly short.
+        seed: The run's seed; each epoch's order derives from (seed, epoch).
+        deterministic: Whether tf.data's parallel stages keep their order
+            (reproducible).
+        cache: Whether to keep this worker's records in memory after the
+            first epoch.
+
+    Returns:
+        A `ShardedDataset` that can name the file behind a read error.
+
+    Raises:
+        UsageError: On every rank, if no file matches, a file cannot be read
+            through, its first record does not parse, or a training worker
+            cannot fill one batch.
     """
     files = sorted(tf.io.gfile.glob(pattern))
     if not files:
@@ -90,11 +109,32 @@ def from_image_folder(root, batch_size, *, training, image_size=None, seed=0,
     """This worker's part of an image folder: one subfolder per class, labels
     numbered in the sorted order of the subfolder names.
 
-    image_size: (height, width) to resize every image to; None keeps them as
-      they are, and then they must all have one size.
-    preprocess(image, label, seed) -> (features, label), after decoding; the
-      default passes the uint8 image and the label through.
-    cache: keep this worker's decoded images in memory after the first epoch.
+    Args:
+        root: The folder holding one subfolder of images per class (.jpg,
+            .jpeg, .png, .bmp or .gif; decoded to 3 channels).
+        batch_size: Examples per batch on this worker.
+        training: Whether the images are for training: shuffled each epoch, in
+            full batches, the same number on every worker. Otherwise every
+            image once, the last batch possibly short.
+        image_size: (height, width) to resize every image to; None keeps them
+            as they are, and then they must all have one size.
+        seed: The run's seed; each epoch's order derives from (seed, epoch).
+        deterministic: Whether tf.data's parallel stages keep their order
+            (reproducible).
+        cache: Whether to keep this worker's decoded images in memory after
+            the first epoch.
+        preprocess: preprocess(image, label, seed) -> (features, label),
+            after decoding; `seed` as for `from_tfrecords`. The default passes
+            the uint8 image and the label through.
+
+    Returns:
+        A `ShardedDataset` that can name the image behind a decoding error.
+
+    Raises:
+        UsageError: On every rank, if there are no images in class
+            subfolders, an image's header is unreadable or not a whole
+            image's, sizes differ without `image_size`, or a training worker
+            cannot fill one batch.
     """
     root = pathlib.Path(root)
     classes = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []

@@ -30,18 +30,36 @@ __all__ = ["SHUFFLE_BUFFER", "ShardedDataset", "epoch_seed", "evaluation", "prep
 
 @dataclasses.dataclass(frozen=True)
 class ShardedDataset:
-    """One worker's view of a split."""
-    batches: object     # epoch (an int) -> that epoch's batches on this worker
-    steps: int          # batches per epoch on this worker
-    examples: int       # examples in the whole split
-    dropped: int        # training: examples no worker reads in an epoch
-    # error (a tf.errors.OpError raised fetching a batch) -> a line naming the
-    # input to blame and the fix, or None: set by sources that can find it.
+    """One worker's view of a split, as every source returns it.
+
+    Args:
+        batches: batches(epoch) -> that epoch's batches on this worker (a
+            `tf.data.Dataset`).
+        steps: Batches per epoch on this worker (in training, the same on
+            every worker).
+        examples: Examples in the whole split.
+        dropped: In training, the examples no worker reads in an epoch.
+        explain: explain(error) -> a line naming the input to blame for
+            `error` (a tf.errors.OpError raised fetching a batch) and the
+            fix, or None; set by sources that can find it.
+    """
+    batches: object
+    steps: int
+    examples: int
+    dropped: int
     explain: object = None
 
     def for_epochs(self, epochs, initial_epoch=0):
-        """The batches of epochs initial_epoch .. epochs - 1, one after the
-        other: give `model.fit` this with steps_per_epoch=steps."""
+        """The batches of several epochs, one after the other, as one dataset.
+
+        Args:
+            epochs: The epoch to stop before.
+            initial_epoch: The first epoch.
+
+        Returns:
+            A `tf.data.Dataset` of the batches of epochs initial_epoch ..
+            epochs - 1: give `model.fit` this with steps_per_epoch=steps.
+        """
         parts = [self.batches(epoch) for epoch in range(initial_epoch, epochs)]
         while len(parts) > 1:  # a balanced tree keeps the nesting shallow
             parts = [a.concatenate(b) for a, b in zip(parts[::2], parts[1::2])] + (

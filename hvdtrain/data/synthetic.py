@@ -9,7 +9,19 @@ __all__ = ["synthetic"]
 
 
 def synthetic(shape, num_classes, batch_size, steps, dtype=tf.float32, seed=0):
-    """`steps` batches per epoch of random features of `shape` and labels."""
+    """One random batch of features and labels, repeated `steps` times an epoch.
+
+    Args:
+        shape: The shape of one example's features (without the batch).
+        num_classes: Labels are integers in [0, num_classes).
+        batch_size: Examples per batch on this worker.
+        steps: Batches per epoch.
+        dtype: The features' dtype.
+        seed: The seed of the random batch.
+
+    Returns:
+        A `ShardedDataset` of `steps` batches per epoch.
+    """
     generator = tf.random.Generator.from_seed(seed)
     features = generator.normal((batch_size, *shape), dtype=dtype)
     labels = generator.uniform((batch_size,), maxval=num_classes, dtype=tf.int64)

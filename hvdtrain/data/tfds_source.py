@@ -27,13 +27,31 @@ def from_tfds(name, split, batch_size, *, training, preprocess, data_dir=None, s
               cache=False, deterministic=False, builder=None):
     """This worker's part of TFDS dataset `name`'s `split`.
 
-    preprocess(example, seed) -> (features, label): `seed` is a per-example
-      stateless seed (shape [2]) for augmentation in training, None otherwise.
-    cache: keep the decoded shard in memory after the first epoch (for data
-      that fits); each epoch is then a full shuffle of it.
-    deterministic: keep tf.data's parallel stages in order (reproducible).
-    builder: an existing builder (for datasets built locally, or from
-      `prepare`); else by name, already prepared in `data_dir`.
+    Args:
+        name: The TFDS dataset's name (e.g. "cifar10").
+        split: The split to read (e.g. "train", "test").
+        batch_size: Examples per batch on this worker.
+        training: Whether this is a training split: shuffled each epoch, in
+            full batches, the same number on every worker. Otherwise every
+            example once, the last batch possibly short.
+        preprocess: preprocess(example, seed) -> (features, label); `seed` is
+            a per-example stateless seed (shape [2]) for augmentation in
+            training, None otherwise.
+        data_dir: Where the dataset is prepared. Defaults to TFDS's own.
+        seed: The run's seed; each epoch's order derives from (seed, epoch).
+        cache: Whether to keep the decoded shard in memory after the first
+            epoch (for data that fits); each epoch is then a full shuffle of it.
+        deterministic: Whether tf.data's parallel stages keep their order
+            (reproducible).
+        builder: An existing builder (for datasets built locally, or from
+            `prepare`); else by name, already prepared in `data_dir`.
+
+    Returns:
+        A `ShardedDataset`.
+
+    Raises:
+        UsageError: If the dataset is unknown or not prepared in `data_dir`,
+            has no such split, or gives a training worker no full batch.
     """
     builder = builder or _builder(name, data_dir)
     if split not in builder.info.splits:
@@ -101,7 +119,15 @@ def prepare(name, data_dir=None):
     """The builder of TFDS dataset `name` in `data_dir`, downloaded and
     prepared there first if it is not: by rank 0, then by the first process
     of each other host (for a data_dir on local disks), while the others
-    wait. A failure (no network, say) ends every rank with the same line."""
+    wait. Call it on every process.
+
+    Returns:
+        The prepared `tfds.core.DatasetBuilder`, for `from_tfds(builder=...)`.
+
+    Raises:
+        UsageError: On every rank, with the same line, if the dataset is
+            unknown or cannot be downloaded (no network, say).
+    """
     error = None
     for turn in (hvd.rank() == 0, hvd.local_rank() == 0 and hvd.rank() != 0):
         if turn:

@@ -50,6 +50,9 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
     does not read; here the resumed epoch is ended with `model.stop_training`,
     cleared again at the epoch's end. Put the elastic callbacks before any
     that stop training at an epoch's end (e.g. EarlyStopping).
+
+    Args:
+        state: The `KerasState` whose `batch` it keeps.
     """
 
     def __init__(self, state):
@@ -80,7 +83,11 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
 class UpdateEpochStateCallback(keras.callbacks.Callback):
     """Keeps in `state.epoch` the number of epochs done, across restarts:
     fit with `epochs=total - state.epoch` (or `initial_epoch=state.epoch,
-    epochs=total`)."""
+    epochs=total`).
+
+    Args:
+        state: The `KerasState` whose `epoch` it keeps.
+    """
 
     def __init__(self, state):
         super().__init__()
