@@ -1,7 +1,7 @@
 """hvdtrain: data-parallel training of Keras 3 models with Horovod.
 
 Names load on first use, so that the command line can check its input and
-fail in milliseconds, before TensorFlow starts.
+fail before TensorFlow starts.
 """
 
 import importlib

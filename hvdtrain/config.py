@@ -138,10 +138,10 @@ class TrainConfig:
     nan_policy: str = _setting(
         "fail", "fail: stop every rank when the loss is NaN or infinite; ignore: train on.",
         choices=("fail", "ignore"))
-    # A commit costs about one to three steps of a small model (copying the
-    # state, and the host-update check's broadcast): every 50 keeps that to a
-    # few percent, while a lost worker costs at most 50 steps again (less than
-    # the restart itself) and a new host waits as long.
+    # A commit costs a few steps' time (copying the state to host memory, and
+    # the host-update check's broadcast): every 50 keeps that small, while a
+    # lost worker costs at most 50 steps again (less than the restart itself)
+    # and a new host waits as long.
     elastic_commit_steps: int = _number(
         50, POSITIVE, "Under horovodrun's elastic mode: commit the training state every this "
         "many steps (and at each epoch's end); a lost worker costs the steps since the last "

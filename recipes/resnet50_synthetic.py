@@ -17,10 +17,11 @@ no export.
     horovodrun --config-file horovodrun.cfg -np 8 -H localhost:8 \\
         python recipes/resnet50_synthetic.py --precision=mixed_float16 --compression=fp16
 
-prints, on rank 0:
+prints, on rank 0, a line of this form (bench/gpu_resnet50.py measures this
+recipe on one GPU and records the figures):
 
-    hvdtrain: throughput 2801.3 images/s (95% interval 2790.2-2812.4) on 8 workers,
-    350.2 images/s (95% interval ...) per worker; 10 windows of 10 steps after 10 warm-up steps
+    hvdtrain: throughput N images/s (95% interval LOW-HIGH) on 8 workers,
+    M images/s (95% interval ...) per worker; 10 windows of 10 steps after 10 warm-up steps
 
 --precision picks float32, mixed_float16 (with loss scaling) or
 mixed_bfloat16; --compression=fp16 is Horovod's --fp16-allreduce.
