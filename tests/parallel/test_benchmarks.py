@@ -68,7 +68,7 @@ def test_np1_overhead(outputs):
     assert hvdtrain > 0 and keras > 0
     assert results["ratio"] == pytest.approx(hvdtrain / keras)
     hooks = results["hook_us_per_step"]
-    assert {"Throughput", "LearningRateWarmupCallback", "EpochTensorBoard"} <= set(hooks)
+    assert {"Throughput", "LearningRateWarmup", "EpochTensorBoard"} <= set(hooks)
     assert all(us > 0 for us in hooks.values())
 
 

@@ -1,7 +1,7 @@
 """Each rank builds a model and an Adam optimizer and gives every variable
 (weights, slots, iteration count) the value rank + 1; then
-BroadcastGlobalVariablesCallback runs as at the start of fit. Each rank writes
-its variables before and after to OUT/rank<r>.npz."""
+BroadcastInitialState runs as at the start of fit. Each rank writes its
+variables before and after to OUT/rank<r>.npz."""
 
 import sys
 
