@@ -14,6 +14,7 @@ from a file. Bad input ends every rank with one line on stderr and exit 2.
 
 import dataclasses
 import sys
+import time
 import typing
 
 from absl import app, flags
@@ -27,6 +28,8 @@ from hvdtrain.errors import TrainingError, UsageError
 __all__ = ["SETTINGS", "run", "run_recipe"]
 
 COMMANDS = ("train", "check-config", "doctor", "report")
+# Seconds a rank that lost a peer waits before it exits (see _main).
+_BYSTANDER_EXIT_DELAY_SECONDS = 5
 
 # TrainConfig's settings; each is a flag of the same name. (Its `options`,
 # the recipe's own settings, come from --option.)
@@ -120,9 +123,12 @@ def _main(argv):
         reason = errors.lost_peer(e)
         if reason is None:
             raise
-        # Another rank failed first and said why (or the launcher names it); this one just stops.
+        # Another rank failed first and said why (or the launcher names it); this one just
+        # stops, after the failing rank has had the time to exit: launchers name the first
+        # process to exit as the job's failure.
         _fail(f"stopped because another worker failed or stopped responding ({reason}); "
-              "see its error or the launcher's report", status=1)
+              "see its error or the launcher's report", status=1,
+              delay=_BYSTANDER_EXIT_DELAY_SECONDS)
 
 
 def _check_config(paths):
@@ -197,8 +203,9 @@ def _summary(config, result, workers):
             f"{result.seconds:.1f} s: {metrics or 'already trained'}")
 
 
-def _fail(message, status=2):
+def _fail(message, status=2, delay=0):
     # One write: launchers tag each write, and a separate newline would get a tag of its own.
     sys.stderr.write(f"hvdtrain: error: {message}\n")
     sys.stderr.flush()
+    time.sleep(delay)
     sys.exit(status)
