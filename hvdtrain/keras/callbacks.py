@@ -36,24 +36,23 @@ class MetricAverageCallback(callbacks.AverageMetrics):
         super().__init__()
 
 
-class LearningRateScheduleCallback(callbacks.ScheduledLearningRate):
+class _CurrentEpoch:
+    """Horovod's learning-rate callbacks' `current_epoch` attribute."""
+
+    @property
+    def current_epoch(self):
+        """The epoch being trained."""
+        return self.epoch
+
+
+class LearningRateScheduleCallback(_CurrentEpoch, callbacks.ScheduledLearningRate):
     """Horovod's name for hvdtrain.callbacks.ScheduledLearningRate, with the
     same arguments."""
 
-    @property
-    def current_epoch(self):
-        """The epoch being trained (Horovod's attribute)."""
-        return self.epoch
 
-
-class LearningRateWarmupCallback(callbacks.LearningRateWarmup):
+class LearningRateWarmupCallback(_CurrentEpoch, callbacks.LearningRateWarmup):
     """Horovod's name for hvdtrain.callbacks.LearningRateWarmup, with the
     same arguments."""
-
-    @property
-    def current_epoch(self):
-        """The epoch being trained (Horovod's attribute)."""
-        return self.epoch
 
 
 class BestModelCheckpoint(callbacks.AtomicModelCheckpoint):
