@@ -9,7 +9,9 @@ Under horovodrun's elastic mode (--min-np, --max-np, --host-discovery-script)
 it trains on the workers there are, going on from the last commit when they
 change.
 Flags left unset take the recipe's defaults; `--flagfile=FILE` reads flags
-from a file. Bad input ends every rank with one line on stderr and exit 2.
+from a file. Bad input ends every rank with one line on stderr and exit 2;
+a run that cannot go on, exit 1; a run stopped by a signal after a
+checkpoint (hvdtrain.preemption), exit 200.
 """
 
 import dataclasses
@@ -19,7 +21,7 @@ import typing
 
 from absl import app, flags
 
-from hvdtrain import horovod_config, model_dir
+from hvdtrain import horovod_config, model_dir, preemption
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.config import TrainConfig
 from hvdtrain import errors
@@ -119,6 +121,9 @@ def _main(argv):
         _fail(str(e))
     except TrainingError as e:
         _fail(str(e), status=1)
+    except preemption.Preempted as e:
+        sys.stderr.write(f"hvdtrain: {e}\n")
+        sys.exit(preemption.EXIT_STATUS)
     except Exception as e:
         reason = errors.lost_peer(e)
         if reason is None:

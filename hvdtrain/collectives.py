@@ -11,7 +11,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["agree_on_min", "allreduce_scalars", "broadcast_variables", "raise_together",
+__all__ = ["agree_on_max", "agree_on_min", "allreduce_scalars", "broadcast_variables", "raise_together",
            "root_name_scope"]
 
 
@@ -81,9 +81,19 @@ def agree_on_min(value, name="hvdtrain.min"):
     Returns:
         The smallest `value` of all ranks, as an int.
     """
+    return _agree(value, hvd.Min, name)
+
+
+def agree_on_max(value, name="hvdtrain.max"):
+    """The largest of an integer that each rank computed for itself (as
+    agree_on_min)."""
+    return _agree(value, hvd.Max, name)
+
+
+def _agree(value, op, name):
     if hvd.size() == 1:
         return int(value)
-    return int(hvd.allreduce(tf.constant(int(value), tf.int64), op=hvd.Min, name=name))
+    return int(hvd.allreduce(tf.constant(int(value), tf.int64), op=op, name=name))
 
 
 def raise_together(error):

@@ -5,7 +5,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from hvdtrain import schedules
+from hvdtrain import preemption, schedules
 from hvdtrain.errors import UsageError
 
 __all__ = ["COMPRESSIONS", "NON_NEGATIVE", "OPTIMIZERS", "Optimizer", "POSITIVE", "Range",
@@ -146,6 +146,11 @@ class TrainConfig:
         50, POSITIVE, "Under horovodrun's elastic mode: commit the training state every this "
         "many steps (and at each epoch's end); a lost worker costs the steps since the last "
         "commit, and added hosts join at the next one.")
+    preemption_signals: str = _setting(
+        preemption.DEFAULT_SIGNALS, "Signals that stop training cleanly: every rank stops "
+        "after the same step, rank 0 writes a checkpoint of it, and the job exits with status "
+        f"{preemption.EXIT_STATUS} (start it again with --resume); '' leaves signals their "
+        "default action. Not under elastic mode, where a signalled worker is a lost one.")
     stall_timeout: float = _number(
         600.0, NON_NEGATIVE, "Seconds a rank waits for a hung peer before Horovod's stall "
         "check stops the job; hvdtrain's watchdog, over the whole run and under any controller, "
@@ -208,6 +213,7 @@ class TrainConfig:
                 raise UsageError(f"unknown --{field.name}={value}; "
                                  f"choose one of {', '.join(allowed)}")
         self.timeline_window()
+        preemption.parse_signals(self.preemption_signals)
         if self.verbose not in (None, 0, 1, 2):
             raise UsageError(f"--verbose must be 0, 1 or 2, got {self.verbose}")
         return self

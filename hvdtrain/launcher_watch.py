@@ -10,7 +10,10 @@ proxy runs under mpiexec), and the `sh -c` that runs the topmost of them
 (horovodrun's, or a wrapper script's).
 When one of them is gone (the worker or the launcher was re-parented), the
 worker exits non-zero within a second; mpirun then stops the job's other
-workers, on every host. An interactive shell that started mpirun (e.g. under
+workers, on every host. A run that stops cleanly on a signal
+(hvdtrain.preemption) takes the launcher's exit as one: its workers agree
+on a step, write a checkpoint and exit, or are ended after
+_STOP_GRACE_SECONDS. An interactive shell that started mpirun (e.g. under
 nohup) is not watched: leaving it is no reason to stop.
 """
 
@@ -18,12 +21,17 @@ import os
 import sys
 import threading
 
+from hvdtrain import preemption
+
 __all__ = ["start"]
 
 _MPI_PROCESSES = {"mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra", "orted", "prted",
                   "hydra_pmi_proxy"}
 _LAUNCHED_BY = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 _CHECK_SECONDS = 1.0
+# A checkpoint being written, one step and the agreement fit in this (the
+# watch's own backstop for a run that cannot stop cleanly).
+_STOP_GRACE_SECONDS = 60.0
 _watching = threading.Event()
 
 
@@ -68,11 +76,15 @@ def _watch(rank, chain):
     stop = threading.Event()
     while not stop.wait(_CHECK_SECONDS):
         launcher = gone(chain)
-        if launcher is not None:
-            sys.stderr.write(f"hvdtrain: error: rank {rank}: the launcher (pid {launcher}) is "
-                             "gone; stopping this worker\n")
-            sys.stderr.flush()
-            os._exit(1)
+        if launcher is None:
+            continue
+        if preemption.handling():
+            preemption.request(f"the launcher (pid {launcher}) is gone")
+            stop.wait(_STOP_GRACE_SECONDS)
+        sys.stderr.write(f"hvdtrain: error: rank {rank}: the launcher (pid {launcher}) is "
+                         "gone; stopping this worker\n")
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def _parent(pid):

@@ -38,8 +38,8 @@ from hvdtrain.errors import UsageError
 from hvdtrain.reduction import GradientReducer, LocalVariables
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "accumulated_only",
-           "check_loss_scale_order", "configure", "is_distributed", "make_distributed",
-           "rank_local_variables"]
+           "add_step_exchange", "check_loss_scale_order", "configure", "is_distributed",
+           "make_distributed", "rank_local_variables"]
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # noqa: N802
@@ -255,6 +255,15 @@ def accumulated_only(optimizer):
             and int(optimizer._hvd_counter) != 0)
 
 
+def add_step_exchange(optimizer, exchange):
+    """Runs `exchange()` in each update of a distributed optimizer, with the
+    gradients' reduction inside the train step (every `backward_passes_per_step`
+    calls when accumulating), so that its collectives travel in the same
+    Horovod cycle as theirs. Add it before the first step: the train step
+    calls what is there when it is traced."""
+    optimizer._hvd_exchanges = (*optimizer._hvd_exchanges, exchange)
+
+
 def check_loss_scale_order(optimizer):
     """Refuses a plain LossScaleOptimizer around a distributed optimizer, which
     `compile()` makes when the mixed_float16 policy is set after wrapping: it
@@ -274,6 +283,7 @@ class _DistributedMixin:
     _hvd_average_passes = False
     _hvd_accumulators = ()
     _hvd_local = LocalVariables()
+    _hvd_exchanges = ()
 
     def register_local_var(self, var):
         """Keeps `var`'s gradient on each rank (Horovod's per-rank variables).
@@ -301,9 +311,14 @@ class _DistributedMixin:
         variables = list(trainable_variables if trainable_variables is not None
                          else self._trainable_variables)
         if self._hvd_passes == 1:
+            self._exchange_with_the_gradients()
             reduced = self._hvd_reducer(grads, variables, self._hvd_local)
             return super().apply(_summed_duplicates(reduced), trainable_variables)
         return self._accumulate_then_apply(list(grads), variables, trainable_variables)
+
+    def _exchange_with_the_gradients(self):
+        for exchange in self._hvd_exchanges:
+            exchange()
 
     def _accumulate_then_apply(self, grads, variables, trainable_variables):
         apply = super().apply
@@ -316,6 +331,7 @@ class _DistributedMixin:
         self._hvd_counter.assign_add(1)
 
         def reduce_and_apply():
+            self._exchange_with_the_gradients()
             scale = 1.0 / self._hvd_passes if self._hvd_average_passes else 1.0
             summed = [None if g is None else a.value * scale
                       for a, g in zip(accumulators, grads)]

@@ -12,8 +12,9 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from hvdtrain import (callbacks, checkpoint, collectives, elastic, export, fit, run_lock, runtime,
-                      throughput, training_state, watchdog)
+from hvdtrain import (callbacks, checkpoint, collectives, elastic, export, fit, preemption,
+                      run_lock, runtime, throughput, training_state, watchdog)
+from hvdtrain import optimizer as optimizer_lib
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.compression import Compression
 from hvdtrain.config import OPTIMIZERS
@@ -77,6 +78,9 @@ def train(config):
         TrainingError: If training cannot go on: a loss that is not finite
             (`config.nan_policy="fail"`), a checkpoint that cannot be
             written, or weights that are not finite at the end.
+        hvdtrain.preemption.Preempted: On every rank, when a signal of
+            `config.preemption_signals` (or the launcher's exit) stopped
+            training after a checkpoint of where it stands.
     """
     config.validate()
     recipe = recipe_lib.get(config.recipe)
@@ -85,11 +89,29 @@ def train(config):
     runtime.init(config.intra_op_threads, config.inter_op_threads, precision=config.precision,
                  stall_timeout=config.stall_timeout, timeline=bool(config.timeline_steps),
                  verbose_all_ranks=config.verbose_all_ranks)
+    if _stops_cleanly(config):
+        preemption.install(preemption.parse_signals(config.preemption_signals))
     try:
-        return _train(config, recipe, model_dir)
+        result = _train(config, recipe, model_dir)
+    except preemption.Preempted:
+        # The handlers stay until the process exits: the launcher signals the
+        # ranks still exiting once the first has, which must not kill them.
+        raise
+    except BaseException:
+        preemption.uninstall()
+        raise
     finally:
         run_lock.release(model_dir)
         runtime.stop_watching()
+    preemption.uninstall()
+    return result
+
+
+def _stops_cleanly(config):
+    """Whether a signal stops this run with a checkpoint: there are
+    checkpoints, and it is not elastic (where a signalled worker is lost)."""
+    return bool(config.preemption_signals and config.keep_checkpoints
+                and not elastic.launched())
 
 
 def _train(config, recipe, model_dir):
@@ -114,7 +136,11 @@ def _train(config, recipe, model_dir):
         state = elastic.KerasState(model, position=None)
         result = elastic.run(_train_from)(state, model, recipe, config, model_dir)
     else:
-        result = _train_from(None, model, recipe, config, model_dir)
+        vote = None
+        if preemption.handling():
+            vote = callbacks.StopVote()
+            optimizer_lib.add_step_exchange(model.optimizer, vote.exchange)
+        result = _train_from(None, model, recipe, config, model_dir, vote)
     _refuse_non_finite(model, model_dir)
     if config.export and runtime.is_main_process():
         watchdog.progress("exporting the model")
@@ -134,9 +160,10 @@ def _refuse_non_finite(model, model_dir):
                         f"resume from the last checkpoint in {model_dir / 'checkpoints'}")
 
 
-def _train_from(state, model, recipe, config, model_dir):
+def _train_from(state, model, recipe, config, model_dir, vote=None):
     """Trains `model` to the last epoch from where the run stands; returns
-    the TrainResult of this start.
+    the TrainResult of this start. With a `callbacks.StopVote` (in the
+    optimizer's step), a stop request ends it with a checkpoint.
 
     Without `state` (not elastic) it runs once. Under horovodrun's elastic
     mode it runs again on every restart (`state`: the model's
@@ -162,7 +189,7 @@ def _train_from(state, model, recipe, config, model_dir):
     if epoch + step / steps >= config.warmup_epochs:
         # Past warm-up only a schedule sets the rate: scale it for the workers there are now.
         model.optimizer.learning_rate = learning_rate
-    started = _callbacks(state, config, model_dir, learning_rate, steps,
+    started = _callbacks(state, vote, config, model_dir, learning_rate, steps,
                          validation_data.steps if validation_data else None,
                          start=(epoch, step), resumed=config.resume or restarted)
     try:
@@ -219,7 +246,7 @@ class _StartCallbacks(typing.NamedTuple):
     saver: callbacks.PeriodicCheckpoint | None
 
 
-def _callbacks(state, config, model_dir, learning_rate, steps, validation_steps, start,
+def _callbacks(state, vote, config, model_dir, learning_rate, steps, validation_steps, start,
                resumed):
     """The callbacks of one start from `start` (epoch, step), in the order
     they must run, with its throughput meter and checkpoint saver."""
@@ -246,6 +273,9 @@ def _callbacks(state, config, model_dir, learning_rate, steps, validation_steps,
             every_steps=config.checkpoint_steps, keep=config.keep_checkpoints,
             monitor=config.best_metric or None, nan_policy=config.nan_policy)
         chosen.append(saver)
+        if vote is not None:
+            chosen.append(callbacks.PreemptionStop(vote, saver, config.batch_size,
+                                                   config.epochs, start))
     if runtime.is_main_process():
         chosen.append(callbacks.EpochTensorBoard(model_dir / "tensorboard", write_graph=False))
     if config.timeline_steps:

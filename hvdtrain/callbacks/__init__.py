@@ -17,6 +17,7 @@ from hvdtrain.callbacks.learning_rate_schedule import ScheduledLearningRate, dec
 from hvdtrain.callbacks.learning_rate_warmup import LearningRateWarmup
 from hvdtrain.callbacks.order import ORDER, in_order
 from hvdtrain.callbacks.periodic_checkpoint import PeriodicCheckpoint
+from hvdtrain.callbacks.preemption_stop import PreemptionStop, StopVote
 from hvdtrain.callbacks.run_log import RunLog
 from hvdtrain.callbacks.throughput import Throughput
 from hvdtrain.callbacks.track_position import TrackPosition
@@ -25,7 +26,7 @@ from hvdtrain.callbacks.watchdog_progress import WatchdogProgress
 __all__ = [
     "AtomicModelCheckpoint", "AverageMetrics", "BroadcastInitialState", "CommitState",
     "EpochTensorBoard", "ExactEvaluation", "FailOnNonFiniteLoss", "HorovodTimeline",
-    "LearningRateWarmup", "ORDER", "PeriodicCheckpoint", "RunLog", "ScheduledLearningRate",
-    "Throughput", "TrackPosition", "TrainingCallback", "WatchdogProgress",
-    "decay_after_warmup", "in_order",
+    "LearningRateWarmup", "ORDER", "PeriodicCheckpoint", "PreemptionStop", "RunLog",
+    "ScheduledLearningRate", "StopVote", "Throughput", "TrackPosition", "TrainingCallback",
+    "WatchdogProgress", "decay_after_warmup", "in_order",
 ]

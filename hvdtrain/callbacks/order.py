@@ -15,6 +15,7 @@ from hvdtrain.callbacks.horovod_timeline import HorovodTimeline
 from hvdtrain.callbacks.learning_rate_schedule import ScheduledLearningRate
 from hvdtrain.callbacks.learning_rate_warmup import LearningRateWarmup
 from hvdtrain.callbacks.periodic_checkpoint import PeriodicCheckpoint
+from hvdtrain.callbacks.preemption_stop import PreemptionStop
 from hvdtrain.callbacks.run_log import RunLog
 from hvdtrain.callbacks.throughput import Throughput
 from hvdtrain.callbacks.track_position import TrackPosition
@@ -35,6 +36,7 @@ ORDER = (
     RunLog,                 # records the averaged metrics and the meter's epoch
     EpochTensorBoard,
     HorovodTimeline,
+    PreemptionStop,         # after the epoch's checkpoint and records, which it ends with
     TrackPosition,          # last: an epoch's end is committed after the work done
     CommitState,            # there (checkpoint), with the position just tracked
 )

@@ -47,22 +47,31 @@ class PeriodicCheckpoint(TrainingCallback):
         self.keep, self.monitor = keep, monitor   # which are kept
         self.nan_policy = nan_policy
         self.seconds = []   # each save's duration, on rank 0
+        self.last_written = None   # (epoch, step) of this run's newest save
 
     def on_train_batch_end(self, batch, logs=None):
         step = batch + 1
         if (self.every_steps and step < self.params["steps"]
                 and self.global_step(batch) % self.every_steps == 0):
-            self._save(self.epoch, step)
+            self.save(self.epoch, step)
 
     def on_epoch_end(self, epoch, logs=None):
         done = epoch + 1
         if done == self.epochs or (self.every_epochs and done % self.every_epochs == 0):
             metric = (logs or {}).get(self.monitor) if self.monitor else None
-            self._save(done, 0, None if metric is None else float(metric))
+            self.save(done, 0, None if metric is None else float(metric))
 
-    def _save(self, epoch, step, metric=None):
+    def save(self, epoch, step, metric=None):
+        """Writes a checkpoint of training after `step` of `epoch` (on rank 0;
+        call it on every rank), with the monitored `metric`'s value if known.
+
+        Raises:
+            TrainingError: On rank 0, if the checkpoint cannot be written, or
+                the state is not finite under nan_policy "fail".
+        """
         variables = training_variables(self.model)
         values = _with_local_state_averaged(self.model, variables)
+        self.last_written = (epoch, step)   # on every rank: they decide the same
         if not runtime.is_main_process():
             return
         start = time.perf_counter()

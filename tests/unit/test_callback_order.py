@@ -22,8 +22,9 @@ def horovod():
 def _every_callback(tmp_path):
     config = TrainConfig(warmup_epochs=1, lr_schedule="cosine", timeline_steps="2:3",
                          checkpoint_steps=5)
+    # Both an elastic state and a stop vote: no run has both, but each has its place.
     elastic_state = types.SimpleNamespace(position=None)
-    return trainer._callbacks(elastic_state, config, tmp_path, 0.1, steps=10,
+    return trainer._callbacks(elastic_state, callbacks.StopVote(), config, tmp_path, 0.1, steps=10,
                               validation_steps=2, start=(0, 0), resumed=False).ordered
 
 
@@ -41,6 +42,9 @@ def test_the_order_keeps_each_callback_where_its_reason_puts_it():
         assert before(callbacks.AverageMetrics, reader)
     assert before(callbacks.LearningRateWarmup, callbacks.ScheduledLearningRate)
     assert before(callbacks.PeriodicCheckpoint, callbacks.CommitState)
+    # A stop at an epoch's end comes after that epoch's checkpoint and records.
+    for first in (callbacks.PeriodicCheckpoint, callbacks.RunLog, callbacks.EpochTensorBoard):
+        assert before(first, callbacks.PreemptionStop)
     assert ORDER[-2:] == (callbacks.TrackPosition, callbacks.CommitState)
 
 
