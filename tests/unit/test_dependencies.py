@@ -1,5 +1,5 @@
 """pyproject.toml's version ranges agree with constraints.txt, which pins
-the versions the tests run."""
+the versions the tests run, and it lists every package a wheel must hold."""
 
 import re
 import tomllib
@@ -36,3 +36,12 @@ def test_a_dependency_used_through_its_internals_admits_no_other_minor_version(n
     admitted = [v for v in others if REQUIREMENTS[name].specifier.contains(v)]
     assert not admitted, (f"pyproject.toml's {REQUIREMENTS[name]} admits {', '.join(admitted)}; "
                           f"the tests run {name}=={pinned}")
+
+
+def test_a_wheel_holds_every_package_of_the_source():
+    # The editable install of the tests finds any package; a wheel only those listed.
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    found = {".".join(init.parent.relative_to(REPO).parts)
+             for init in (REPO / "hvdtrain").rglob("__init__.py")}
+    assert found <= listed, f"pyproject.toml's packages lack {sorted(found - listed)}"
