@@ -79,7 +79,7 @@ def _watch(rank, chain):
         if launcher is None:
             continue
         if preemption.handling():
-            preemption.request(f"the launcher (pid {launcher}) is gone")
+            preemption.request(f"launcher pid {launcher} gone")
             stop.wait(_STOP_GRACE_SECONDS)
         sys.stderr.write(f"hvdtrain: error: rank {rank}: the launcher (pid {launcher}) is "
                          "gone; stopping this worker\n")

@@ -22,8 +22,8 @@ import signal
 
 from hvdtrain.errors import UsageError
 
-__all__ = ["DEFAULT_SIGNALS", "EXIT_STATUS", "Preempted", "handling", "install",
-           "parse_signals", "request", "requested", "uninstall"]
+__all__ = ["DEFAULT_SIGNALS", "EXIT_STATUS", "Preempted", "handling", "ignore_further",
+           "install", "parse_signals", "request", "requested", "uninstall"]
 
 # "Preempted: start again with --resume". In 128-255, the range Kubeflow's
 # ExitCode restart policy retries, and above 128 + any signal number, so a
@@ -33,8 +33,9 @@ DEFAULT_SIGNALS = "SIGTERM,SIGUSR1,SIGINT"
 # Signals a process cannot catch.
 _UNCATCHABLE = {signal.SIGKILL, signal.SIGSTOP}
 
-_reason = None      # what asked first: a signal's name, or "the launcher's exit"
+_reason = None      # what asked first: a signal's name, or "launcher pid N gone"
 _previous = {}      # the handlers install() replaced, by signal
+_stopped = False    # the run has stopped on request: the process is exiting
 
 
 class Preempted(Exception):
@@ -78,22 +79,37 @@ def parse_signals(text):
 def install(signals):
     """Makes each of `signals` ask this process to stop (see the module's
     docstring), until `uninstall`."""
-    global _reason
-    _reason = None
+    global _reason, _stopped
+    _reason, _stopped = None, False
     for number in signals:
         _previous.setdefault(number, signal.signal(number, _on_signal))
 
 
 def uninstall():
-    """Gives back the handlers `install` replaced."""
+    """Gives back the handlers `install` replaced (a run that stopped keeps
+    its signals ignored, see `ignore_further`)."""
+    global _stopped
+    _stopped = False
     while _previous:
         number, handler = _previous.popitem()
         signal.signal(number, handler)
 
 
+def ignore_further():
+    """Ignores the signals `install` handled, from now to the process's exit:
+    the run has stopped. (Python's finalization resets the signals it has
+    handlers for to their default action, but keeps ignored ones ignored.)"""
+    global _stopped
+    _stopped = True
+    while _previous:
+        number, _ = _previous.popitem()
+        signal.signal(number, signal.SIG_IGN)
+
+
 def handling():
-    """Whether a stop request ends this run cleanly (`install` is in effect)."""
-    return bool(_previous)
+    """Whether a stop request ends this run cleanly (`install` is in effect),
+    or has ended it (`ignore_further`: the process is exiting with its status)."""
+    return bool(_previous) or _stopped
 
 
 def request(reason):

@@ -80,7 +80,8 @@ def train(config):
             written, or weights that are not finite at the end.
         hvdtrain.preemption.Preempted: On every rank, when a signal of
             `config.preemption_signals` (or the launcher's exit) stopped
-            training after a checkpoint of where it stands.
+            training after a checkpoint of where it stands. Those signals
+            are then ignored, for the process to exit with its own status.
     """
     config.validate()
     recipe = recipe_lib.get(config.recipe)
@@ -94,8 +95,9 @@ def train(config):
     try:
         result = _train(config, recipe, model_dir)
     except preemption.Preempted:
-        # The handlers stay until the process exits: the launcher signals the
-        # ranks still exiting once the first has, which must not kill them.
+        # The launcher signals the ranks still exiting once the first has:
+        # that must not turn their status into a death by signal.
+        preemption.ignore_further()
         raise
     except BaseException:
         preemption.uninstall()

@@ -2,8 +2,9 @@
 on one rank from a given batch of a given epoch on, as the environment says:
 FAULT=nan (that rank's features become NaN), FAULT=hang (that rank's input
 pipeline blocks) or FAULT=pause (it blocks until the file FAULT_RESUME
-exists), FAULT_RANK, FAULT_EPOCH and FAULT_STEP (0-based); or before
-training, FAULT=hang_loading (that rank never finishes loading its data)."""
+exists, having made FAULT_RESUME.waiting), FAULT_RANK, FAULT_EPOCH and FAULT_STEP (0-based); or before
+training, FAULT=hang_loading (that rank never finishes loading its data) or
+FAULT=pause_loading (it loads once the file FAULT_RESUME exists)."""
 
 import dataclasses
 import os
@@ -31,6 +32,7 @@ def _hang(x):
 
 
 def _pause(x):
+    open(os.environ["FAULT_RESUME"] + ".waiting", "w").close()   # tests wait for this
     while not os.path.exists(os.environ["FAULT_RESUME"]):
         time.sleep(0.1)
     return x
@@ -57,6 +59,8 @@ def load_data(config):
     faulty = os.environ.get("FAULT") and hvd.rank() == int(os.environ.get("FAULT_RANK", 1))
     if faulty and os.environ["FAULT"] == "hang_loading":
         _hang(None)
+    if faulty and os.environ["FAULT"] == "pause_loading":
+        _pause(None)
     read = dict(batch_size=config.batch_size, seed=config.seed)
     train = data.from_arrays(_blobs(512, 0), training=True, **read)
     if faulty:

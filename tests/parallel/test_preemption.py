@@ -1,0 +1,236 @@
+"""Preemption with real processes and real signals: a signal to one rank,
+to rank 0, to the launcher, during a checkpoint save, during validation,
+at an epoch's end and before the first step. Each ends with every rank
+stopped after the same step, a whole checkpoint of it, status 200 on every
+rank, and a resume that goes on from there."""
+
+import os
+import re
+import signal
+
+import numpy as np
+import pytest
+
+from hvdtrain import checkpoint
+from hvdtrain.preemption import EXIT_STATUS
+from launch import (REPO, horovodrun, rank_lines, rank_pid, run, start_horovodrun, wait_until,
+                    worker)
+from parallel.test_resume import DIGITS, _all_intact, _ok, _weights
+
+FAULTS = REPO / "tests" / "recipes" / "faults.py"
+# 89 steps an epoch at 2 x 8 (digits_cnn): the checkpoint 11 steps into the second epoch.
+IN_THE_SECOND_EPOCH = "epoch-0002-step-000011"
+_PREEMPTED = re.compile(r"hvdtrain: preempted \(([^)]*)\): training stands after epoch (\d+), "
+                        r"step (\d+) of (\d+), in the last checkpoint; start again with --resume")
+# How horovodrun --gloo reports its ranks' exit statuses.
+_GLOO_RANK_STATUS = re.compile(r"Process (\d+) exit with status code (\d+)\.")
+
+
+def _stopped(output, ranks=2):
+    """{rank: (reason, epoch, step)} from each rank's "preempted" line; checks
+    that every rank stopped at the same position."""
+    found = {}
+    for rank, text in rank_lines(output):
+        match = _PREEMPTED.search(text)
+        if match:
+            found[rank] = (match.group(1), int(match.group(2)), int(match.group(3)))
+    assert len(found) == ranks, output[-4000:]
+    assert len({(epoch, step) for _, epoch, step in found.values()}) == 1, found
+    return found
+
+
+def _checkpointed_position(model_dir, stopped):
+    """The newest checkpoint's position, as messages show it; every
+    checkpoint is whole, and the newest is where the ranks stopped."""
+    _all_intact(model_dir)
+    found, _ = checkpoint.read(checkpoint.listed(model_dir / "checkpoints")[0])
+    (position,) = {(epoch, step) for _, epoch, step in stopped.values()}
+    assert found.position.shown == position, (found.position, stopped)
+    return found.position.shown
+
+
+def _every_rank_exited_preempted(returncode, output, controller):
+    if controller == "mpi":
+        assert returncode == EXIT_STATUS, output[-3000:]
+    else:
+        # horovodrun --gloo exits 1 whatever its workers' status; it reports theirs.
+        statuses = dict(_GLOO_RANK_STATUS.findall(output))
+        assert statuses == {"0": str(EXIT_STATUS), "1": str(EXIT_STATUS)}, output[-3000:]
+
+
+def _start(tmp_path, flags, controller="gloo", command=("hvdtrain", "train"), env=None):
+    log = tmp_path / "job.log"
+    return start_horovodrun([*command, *flags], log, controller=controller, env=env), log
+
+
+def _signal_when(rank, marker, condition, log, sig=signal.SIGTERM, timeout=180):
+    assert wait_until(condition, timeout, interval=0.01), log.read_text()[-3000:]
+    os.kill(rank_pid(rank, marker), sig)
+
+
+def test_sigterm_to_one_rank_mid_epoch_and_resuming_matches_an_uninterrupted_run(
+        tmp_path, controller):
+    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
+    _ok(horovodrun(["hvdtrain", "train", f"--model_dir={reference}", *DIGITS],
+                   controller=controller))
+
+    job, log = _start(tmp_path, [f"--model_dir={interrupted}", *DIGITS], controller)
+    _signal_when(1, str(interrupted),
+                 (interrupted / "checkpoints" / IN_THE_SECOND_EPOCH).exists, log)
+    returncode = job.wait(timeout=120)
+    output = log.read_text()
+    _every_rank_exited_preempted(returncode, output, controller)
+    stopped = _stopped(output)
+    assert stopped[1][0] == "SIGTERM" and stopped[0][0] == "a signal to another worker"
+    epoch, step = _checkpointed_position(interrupted, stopped)
+    assert (epoch, step) > (2, 11)   # a checkpoint of its own, after the periodic one
+    assert not (interrupted / "model.keras").exists()
+
+    resumed = _ok(horovodrun(["hvdtrain", "train", f"--model_dir={interrupted}", *DIGITS,
+                              "--resume"], controller=controller))
+    assert f"resuming from {interrupted / 'checkpoints'}" in resumed
+    for a, b in zip(_weights(reference), _weights(interrupted), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_sigusr1_to_rank_0_stops_every_rank_and_resumes_on_another_number_of_workers(
+        tmp_path):
+    model_dir = tmp_path / "model"
+    job, log = _start(tmp_path, [f"--model_dir={model_dir}", *DIGITS])
+    _signal_when(0, str(model_dir), (model_dir / "checkpoints" / IN_THE_SECOND_EPOCH).exists,
+                 log, sig=signal.SIGUSR1)
+    returncode = job.wait(timeout=120)
+    output = log.read_text()
+    _every_rank_exited_preempted(returncode, output, "gloo")
+    stopped = _stopped(output)
+    assert stopped[0][0] == "SIGUSR1"
+    epoch, step = _checkpointed_position(model_dir, stopped)
+    # Resumed on one worker, as any checkpoint: the position counted in examples.
+    resumed = _ok(run(["hvdtrain", "train", f"--model_dir={model_dir}", *DIGITS, "--resume"]))
+    assert (f"written by 2 workers x batch 8 after epoch {epoch}, step {step} of 89; now 1 x 8"
+            in resumed), resumed[-3000:]
+    assert f"going on after epoch {epoch}, step {2 * step} of 179" in resumed
+
+
+@pytest.mark.parametrize("controller,sig", [("gloo", signal.SIGTERM), ("mpi", signal.SIGTERM),
+                                            ("mpi", signal.SIGUSR1)])
+def test_a_signal_to_the_launcher_stops_every_rank_with_a_checkpoint(tmp_path, controller, sig):
+    """horovodrun --gloo passes SIGTERM on to every rank; horovodrun --mpi is
+    a shell that dies of it, and its ranks take their launcher's exit as a
+    stop request; mpirun itself passes SIGUSR1 on."""
+    model_dir = tmp_path / "model"
+    job, log = _start(tmp_path, [f"--model_dir={model_dir}", *DIGITS], controller)
+    assert wait_until((model_dir / "checkpoints" / IN_THE_SECOND_EPOCH).exists, 180), \
+        log.read_text()[-3000:]
+    target = job.pid
+    if sig == signal.SIGUSR1:
+        target = _mpirun(job.pid)
+    os.kill(target, sig)
+    job.wait(timeout=120)
+    # Whatever the launcher's own status, every rank stops with a checkpoint.
+    assert wait_until(lambda: not _running(str(model_dir)), 120)
+    output = log.read_text()
+    stopped = _stopped(output)
+    _checkpointed_position(model_dir, stopped)
+    if controller == "gloo":
+        # horovodrun --gloo then reports the deaths of the shells it runs the
+        # ranks in (it signals their whole process groups), not the ranks' own.
+        assert all(reason == "SIGTERM" for reason, *_ in stopped.values()), stopped
+    elif sig == signal.SIGUSR1:
+        assert job.returncode == EXIT_STATUS
+    else:
+        assert all(re.fullmatch(r"launcher pid \d+ gone", reason)
+                   for reason, *_ in stopped.values()), stopped
+
+
+def _mpirun(shell):
+    """horovodrun --mpi's mpirun: the shell's child, or the shell itself once it exec'd."""
+    for proc in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{proc}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{proc}/cmdline", "rb") as cmdline:
+                name = os.path.basename(cmdline.read().split(b"\0")[0].decode())
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == shell and name == "mpirun":
+            return int(proc)
+    return shell
+
+
+def _running(marker):
+    """Whether a process whose command line holds `marker` runs (a rank, or
+    the mpirun left writing their output after horovodrun's shell died)."""
+    for proc in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{proc}/cmdline", "rb") as cmdline:
+                if marker.encode() in cmdline.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _slow_run(tmp_path, moment, flags, seconds=2.0):
+    slow_dir = tmp_path / "moments"
+    slow_dir.mkdir()
+    model_dir = tmp_path / "model"
+    job, log = _start(tmp_path, [f"--model_dir={model_dir}", *flags],
+                      command=worker("slow_moments"),
+                      env={"SLOW": moment, "SLOW_SECONDS": str(seconds),
+                           "SLOW_DIR": str(slow_dir)})
+    return job, log, model_dir, slow_dir
+
+
+def test_signals_during_a_slow_checkpoint_save_leave_it_whole_and_stop_after_it(tmp_path):
+    flags = ["--epochs=3", "--batch_size=8", "--checkpoint_steps=30", "--deterministic"]
+    job, log, model_dir, slow_dir = _slow_run(tmp_path, "save", flags)
+    # Rank 0 writes; the second save is one inside the first epoch's steps.
+    _signal_when(0, str(model_dir), (slow_dir / "save-0-2").exists, log)
+    os.kill(rank_pid(0, str(model_dir)), signal.SIGTERM)   # a second signal: ignored
+    returncode = job.wait(timeout=120)
+    output = log.read_text()
+    _every_rank_exited_preempted(returncode, output, "gloo")
+    assert "already stopping (SIGTERM)" in output
+    stopped = _stopped(output)
+    epoch, step = _checkpointed_position(model_dir, stopped)
+    # The save under way finished, then the ranks stopped one step later with one more.
+    assert (epoch, step) == (1, 61), output[-3000:]
+    assert [p.name for p in checkpoint.listed(model_dir / "checkpoints")] == [
+        "epoch-0001-step-000061", "epoch-0001-step-000060", "epoch-0001-step-000030"]
+
+
+@pytest.mark.parametrize("moment", ["validation", "epoch_end"])
+def test_a_signal_between_steps_stops_at_the_epochs_end_with_its_checkpoint(tmp_path, moment):
+    flags = ["--epochs=3", "--batch_size=8", "--deterministic"]
+    job, log, model_dir, slow_dir = _slow_run(tmp_path, moment, flags)
+    # The first epoch's validation pass or end, on rank 1.
+    _signal_when(1, str(model_dir), (slow_dir / f"{moment}-1-1").exists, log)
+    returncode = job.wait(timeout=120)
+    output = log.read_text()
+    _every_rank_exited_preempted(returncode, output, "gloo")
+    stopped = _stopped(output)
+    assert _checkpointed_position(model_dir, stopped) == (1, 89)
+    resumed = _ok(horovodrun(["hvdtrain", "train", f"--model_dir={model_dir}", *flags,
+                              "--resume"]))
+    assert re.search(r"resuming from \S+, after epoch 1, step 89 of 89", resumed)
+    assert re.search(r"on 2 workers, 2 epochs in", resumed)
+
+
+def test_a_signal_before_the_first_step_stops_with_nothing_to_write(tmp_path):
+    model_dir, resume = tmp_path / "model", tmp_path / "resume"
+    flags = [f"--recipe={FAULTS}", f"--model_dir={model_dir}", "--epochs=1"]
+    job, log = _start(tmp_path, flags, env={"FAULT": "pause_loading",
+                                            "FAULT_RESUME": str(resume)})
+    # Rank 1 is still loading its data: its signal waits for the start of training.
+    _signal_when(1, str(model_dir), (tmp_path / "resume.waiting").exists, log)
+    resume.touch()
+    returncode = job.wait(timeout=120)
+    output = log.read_text()
+    _every_rank_exited_preempted(returncode, output, "gloo")
+    stopped = _stopped(output)
+    assert {(epoch, step) for _, epoch, step in stopped.values()} == {(1, 0)}
+    assert not checkpoint.listed(model_dir / "checkpoints")
+    # The requeued job's --resume finds no checkpoint and starts from the beginning.
+    resumed = _ok(horovodrun(["hvdtrain", "train", *flags, "--resume"]))
+    assert "training from the start" in resumed
