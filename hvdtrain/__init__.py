@@ -11,6 +11,7 @@ _EXPORTS = {
     "DistributedGradientTape": "hvdtrain.tape",
     "DistributedOptimizer": "hvdtrain.optimizer",
     "PartialDistributedOptimizer": "hvdtrain.optimizer",
+    "Preempted": "hvdtrain.preemption",
     "Recipe": "hvdtrain.recipe",
     "Splits": "hvdtrain.recipe",
     "TrainConfig": "hvdtrain.config",
