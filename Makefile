@@ -42,6 +42,7 @@ bench: setup
 	python bench/np1_overhead.py
 	python bench/weak_scaling.py
 	python bench/startup.py
+	python bench/preemption.py
 	-bash bench/keras2_env.sh
 	python bench/alternatives.py
 
