@@ -73,7 +73,7 @@ def work(scratch):
     import keras
 
     import hvdtrain
-    from hvdtrain import callbacks as hvdtrain_callbacks, recipe as recipe_lib, trainer
+    from hvdtrain import callbacks as hvdtrain_callbacks, optimizer, recipe as recipe_lib, trainer
 
     hvdtrain.init(intra_op_threads=FLAGS.intra_op_threads)
     recipe = recipe_lib.get(RECIPE)
@@ -92,9 +92,12 @@ def work(scratch):
     # As trainer.train sets up a run (one worker: the rate needs no scaling).
     hvd_model = model(hvdtrain.DistributedOptimizer(
         trainer._optimizer(config, config.learning_rate), average_aggregated_gradients=True))
+    # With its stop vote in the step, as a run that stops cleanly on a signal.
+    vote = hvdtrain_callbacks.StopVote()
+    optimizer.add_step_exchange(hvd_model.optimizer, vote.exchange)
     splits = recipe.load_data(config)
     started = trainer._callbacks(
-        None, config, pathlib.Path(scratch), config.learning_rate, splits.train.steps,
+        None, vote, config, pathlib.Path(scratch), config.learning_rate, splits.train.steps,
         splits.validation.steps, start=(0, 0), resumed=False)
     hvd_callbacks, hvd_meter = started.ordered, started.meter
 

@@ -15,11 +15,12 @@ checkpoint (hvdtrain.preemption), exit 200.
 """
 
 import dataclasses
+import os
 import sys
 import time
 import typing
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from hvdtrain import horovod_config, model_dir, preemption
 from hvdtrain import recipe as recipe_lib
@@ -123,7 +124,15 @@ def _main(argv):
         _fail(str(e), status=1)
     except preemption.Preempted as e:
         sys.stderr.write(f"hvdtrain: {e}\n")
-        sys.exit(preemption.EXIT_STATUS)
+        logging.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # At once: Python's finalization (TensorFlow's and Horovod's teardown)
+        # takes a second or two, differently on each rank, and a launcher that
+        # sees the first rank exit kills the rest, reporting a death by signal
+        # for them. Left together at the checkpoint's barrier, the ranks exit
+        # together. Everything is written: the checkpoint, logs, TensorBoard.
+        os._exit(preemption.EXIT_STATUS)
     except Exception as e:
         reason = errors.lost_peer(e)
         if reason is None:

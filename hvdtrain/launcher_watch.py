@@ -31,7 +31,7 @@ _LAUNCHED_BY = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 _CHECK_SECONDS = 1.0
 # A checkpoint being written, one step and the agreement fit in this (the
 # watch's own backstop for a run that cannot stop cleanly).
-_STOP_GRACE_SECONDS = 60.0
+_STOP_GRACE_SECONDS = 30.0
 _watching = threading.Event()
 
 

@@ -204,6 +204,9 @@ def _train_from(state, model, recipe, config, model_dir, vote=None):
         if error is None:
             raise
         raise error from None
+    except preemption.Preempted:
+        _close_summaries(started.ordered)
+        raise
     measurement = started.meter.run_measurement
     if runtime.is_main_process():
         throughput.log(measurement, recipe.unit)
@@ -211,6 +214,14 @@ def _train_from(state, model, recipe, config, model_dir, vote=None):
                        model_dir / export.SAVED_MODEL_DIR, started.meter.seconds, (epoch, step),
                        started.saver.seconds if started.saver else [],
                        measurement)
+
+
+def _close_summaries(ordered):
+    """Writes out the TensorBoard summaries held in memory: fit closes the
+    writers at its end, which a stop on request skips."""
+    for callback in ordered:
+        if isinstance(callback, callbacks.EpochTensorBoard):
+            callback.on_train_end()
 
 
 def _starting_point(state, model, config, checkpoints, steps):

@@ -171,6 +171,15 @@ def _running(marker):
     return False
 
 
+def _validation_epochs_in_tensorboard(model_dir):
+    import tensorflow as tf
+
+    events = (model_dir / "tensorboard" / "validation").glob("events.out.tfevents.*")
+    return sum(value.tag == "epoch_accuracy" for path in events
+               for event in tf.compat.v1.train.summary_iterator(str(path))
+               for value in event.summary.value)
+
+
 def _slow_run(tmp_path, moment, flags, seconds=2.0):
     slow_dir = tmp_path / "moments"
     slow_dir.mkdir()
@@ -211,6 +220,7 @@ def test_a_signal_between_steps_stops_at_the_epochs_end_with_its_checkpoint(tmp_
     _every_rank_exited_preempted(returncode, output, "gloo")
     stopped = _stopped(output)
     assert _checkpointed_position(model_dir, stopped) == (1, 89)
+    assert _validation_epochs_in_tensorboard(model_dir) == 1   # written out before the exit
     resumed = _ok(horovodrun(["hvdtrain", "train", f"--model_dir={model_dir}", *flags,
                               "--resume"]))
     assert re.search(r"resuming from \S+, after epoch 1, step 89 of 89", resumed)
