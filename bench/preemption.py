@@ -41,11 +41,12 @@ import time
 
 from absl import app, flags
 
+from hvdtrain.preemption import EXIT_STATUS
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 from launch import REPO, environment, rank_lines, rank_pid, wait_until  # noqa: E402
 
 RECIPE = "digits_cnn"
-EXIT_STATUS = 200   # hvdtrain.preemption.EXIT_STATUS, without importing TensorFlow here
 SLACK_SECONDS = 2.0
 
 flags.DEFINE_list("controllers", ["gloo"], "Horovod controllers to measure (gloo, mpi).")

@@ -11,8 +11,8 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["agree_on_max", "agree_on_min", "allreduce_scalars", "broadcast_variables", "raise_together",
-           "root_name_scope"]
+__all__ = ["agree_on_max", "agree_on_min", "allreduce_scalars", "broadcast_variables",
+           "raise_together", "root_name_scope"]
 
 
 def root_name_scope():

@@ -24,8 +24,8 @@ def _every_callback(tmp_path):
                          checkpoint_steps=5)
     # Both an elastic state and a stop vote: no run has both, but each has its place.
     elastic_state = types.SimpleNamespace(position=None)
-    return trainer._callbacks(elastic_state, callbacks.StopVote(), config, tmp_path, 0.1, steps=10,
-                              validation_steps=2, start=(0, 0), resumed=False).ordered
+    return trainer._callbacks(elastic_state, callbacks.StopVote(), config, tmp_path, 0.1,
+                              steps=10, validation_steps=2, start=(0, 0), resumed=False).ordered
 
 
 def test_a_run_with_everything_on_has_every_callback_in_the_stated_order(tmp_path):
