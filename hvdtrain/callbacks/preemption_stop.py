@@ -60,9 +60,10 @@ class PreemptionStop(TrainingCallback):
     def on_train_batch_end(self, batch, logs=None):
         if float(self.vote.agreed.value()) <= 0:
             return
-        if batch + 1 < self.params["steps"]:
-            self._stop(self._position(self.epoch, batch + 1))
-        self._at_epoch_end = True
+        if batch + 1 == self.params["steps"]:
+            self._at_epoch_end = True   # the stop comes at the epoch's end
+            return
+        self._stop(self._position(self.epoch, batch + 1))
 
     def on_epoch_end(self, epoch, logs=None):
         done = epoch + 1
