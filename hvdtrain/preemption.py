@@ -78,11 +78,14 @@ def parse_signals(text):
 
 def install(signals):
     """Makes each of `signals` ask this process to stop (see the module's
-    docstring), until `uninstall`."""
+    docstring), until `uninstall`. A signal this process was started with
+    ignored stays ignored, as Python leaves SIGINT then (a job started in
+    the background, or under nohup)."""
     global _reason, _stopped
     _reason, _stopped = None, False
     for number in signals:
-        _previous.setdefault(number, signal.signal(number, _on_signal))
+        if signal.getsignal(number) != signal.SIG_IGN:
+            _previous.setdefault(number, signal.signal(number, _on_signal))
 
 
 def uninstall():

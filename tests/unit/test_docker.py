@@ -275,8 +275,13 @@ def test_a_terminals_ctrl_c_reaches_mpirun_as_sigusr1_only(tmp_path):
     # group of its own, gets it from resumable.sh only, as SIGUSR1.
     env = _fake_commands(tmp_path / "bin")
     log = tmp_path / "signals"
+    # With SIGINT at its default action, as a terminal's shell starts it: a
+    # suite started in the background inherits SIGINT ignored, and a shell
+    # cannot trap a signal it was started with ignored.
     with subprocess.Popen([RESUMABLE, *_MPI_SHELL, log], env=env, stderr=subprocess.PIPE,
-                          text=True, start_new_session=True) as wrapper:
+                          text=True, start_new_session=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+                          ) as wrapper:
         _wait_for(lambda: log.exists() and "ready" in log.read_text(), "fake rank")
         os.killpg(wrapper.pid, signal.SIGINT)
         _, stderr = wrapper.communicate(timeout=30)

@@ -56,6 +56,16 @@ def test_a_signal_asks_to_stop_once_and_the_handlers_are_given_back(capfd):
     assert not preemption.handling() and signal.getsignal(signal.SIGUSR1) == before
 
 
+def test_a_signal_ignored_when_the_run_starts_stays_ignored():
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)   # as a background job has SIGINT
+    try:
+        preemption.install((signal.SIGUSR1, signal.SIGUSR2))
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGUSR1) == preemption._on_signal
+    finally:
+        signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+
+
 def test_after_a_stop_the_signals_are_ignored_until_the_process_exits():
     preemption.install((signal.SIGUSR1,))
     preemption.ignore_further()
