@@ -89,10 +89,8 @@ def install(signals):
 
 
 def uninstall():
-    """Gives back the handlers `install` replaced (a run that stopped keeps
-    its signals ignored, see `ignore_further`)."""
-    global _stopped
-    _stopped = False
+    """Gives back the handlers `install` replaced (none are left after
+    `ignore_further`: a run that stopped keeps its signals ignored)."""
     while _previous:
         number, handler = _previous.popitem()
         signal.signal(number, handler)

@@ -93,20 +93,16 @@ def train(config):
     if _stops_cleanly(config):
         preemption.install(preemption.parse_signals(config.preemption_signals))
     try:
-        result = _train(config, recipe, model_dir)
+        return _train(config, recipe, model_dir)
     except preemption.Preempted:
         # The launcher signals the ranks still exiting once the first has:
         # that must not turn their status into a death by signal.
         preemption.ignore_further()
         raise
-    except BaseException:
-        preemption.uninstall()
-        raise
     finally:
+        preemption.uninstall()
         run_lock.release(model_dir)
         runtime.stop_watching()
-    preemption.uninstall()
-    return result
 
 
 def _stops_cleanly(config):
