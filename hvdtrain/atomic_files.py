@@ -8,7 +8,7 @@ import pathlib
 import shutil
 
 __all__ = ["fsync_directory", "remove_unfinished", "save_model", "temporary_path",
-           "write_synced"]
+           "write_synced", "write_whole"]
 
 _TEMPORARY = ".tmp-"
 
@@ -54,6 +54,19 @@ def write_synced(path, text):
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
+
+
+def write_whole(path, text):
+    """Writes `text` to `path`, atomically (creating its directory)."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_path(path)
+    try:
+        write_synced(tmp, text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 def fsync_directory(path):

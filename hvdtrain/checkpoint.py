@@ -7,8 +7,10 @@ third epoch,
 
     MODEL_DIR/checkpoints/epoch-0003-step-000120/
         variables.npz     every model and optimizer variable, in order
-        checkpoint.json   position, settings, workers, monitored metric,
-                          variable names and shapes, the sha256 of variables.npz
+        checkpoint.json   position, settings, workers, monitored metric, the
+                          state of callbacks that keep one (early stopping,
+                          plateau), variable names and shapes, the sha256
+                          of variables.npz
 
 written under a temporary name and renamed into place. A reader trusts a
 checkpoint only if its JSON parses and the checksum matches, so one cut short
@@ -63,10 +65,13 @@ class Checkpoint:
     position: Position
     metric: float | None    # the monitored metric at this position, if measured
     settings: dict          # the TrainConfig that wrote it
+    # {state_key: state} of callbacks.base.KeptState callbacks
+    callbacks: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_meta(cls, path, meta):
-        return cls(path, Position(**meta["position"]), meta.get("metric"), meta["settings"])
+        return cls(path, Position(**meta["position"]), meta.get("metric"), meta["settings"],
+                   meta.get("callbacks", {}))
 
 
 def all_finite(values):
@@ -83,7 +88,7 @@ def all_finite(values):
     return all(np.isfinite(v).all() for v in values if np.issubdtype(v.dtype, np.floating))
 
 
-def save(directory, variables, position, settings, metric=None, names=None):
+def save(directory, variables, position, settings, metric=None, names=None, callbacks=None):
     """Writes the checkpoint at `position`, atomically. Rank 0 only.
 
     The same position saved again replaces the earlier checkpoint.
@@ -98,6 +103,8 @@ def save(directory, variables, position, settings, metric=None, names=None):
             checks on resuming.
         metric: The monitored metric at this position, for `retain`'s best.
         names: The variables' names, for readers.
+        callbacks: {state_key: state} of the callbacks that keep a state
+            (callbacks.base.KeptState), restored with the variables.
 
     Returns:
         The checkpoint's path.
@@ -117,7 +124,8 @@ def save(directory, variables, position, settings, metric=None, names=None):
             f.flush()
             os.fsync(f.fileno())
         meta = dict(format=FORMAT, position=dataclasses.asdict(position), metric=metric,
-                    settings=settings, names=names, shapes=[list(v.shape) for v in values],
+                    settings=settings, callbacks=callbacks or {}, names=names,
+                    shapes=[list(v.shape) for v in values],
                     dtypes=[str(v.dtype) for v in values],
                     sha256=_sha256(temporary / VARIABLES))
         atomic_files.write_synced(temporary / META, json.dumps(meta, indent=1))
@@ -264,13 +272,16 @@ def restore(model, directory, config, steps):
             position onto this run's workers and batch size.
 
     Returns:
-        (epoch, step) where training goes on, on every rank: (0, 0) if there
-        is no checkpoint.
+        (epoch, step, workers, callback_states) on every rank: where training
+        goes on, the workers that wrote the checkpoint, and the {state_key:
+        state} of the callbacks that keep a state (callbacks.base.KeptState);
+        (0, 0, None, {}) if there is no checkpoint.
 
     Raises:
         UsageError: On every rank, if all checkpoints are damaged, the newest
-            intact one was written with another recipe, optimizer, precision
-            or backward_passes_per_step, or its variables do not fit the model.
+            intact one was written with another recipe, optimizer, precision,
+            backward_passes_per_step or use of EMA, or its variables do not
+            fit the model.
     """
     error, found = None, None
     if runtime.is_main_process():
@@ -280,11 +291,12 @@ def restore(model, directory, config, steps):
         except UsageError as e:
             error = e
     collectives.raise_together(error)
-    saved = hvd.broadcast_object(found and found.position, root_rank=0,
-                                 name="hvdtrain.resume.position")
+    saved, states = hvd.broadcast_object(found and (found.position, found.callbacks),
+                                         root_rank=0, name="hvdtrain.resume.position") or (
+                                             None, {})
     if saved is None:
         logging.info("no checkpoint in %s: training from the start", directory)
-        return 0, 0
+        return 0, 0, None, {}
     epoch, step = continue_at(saved, steps, hvd.size(), config.batch_size)
     going_on = Position(epoch, step, steps, hvd.size(), config.batch_size)
     if (saved.workers, saved.batch_size) != (hvd.size(), config.batch_size):
@@ -294,7 +306,7 @@ def restore(model, directory, config, steps):
                      config.batch_size, hvd.size(), going_on.describe())
     if found:
         logging.info("resuming from %s, after %s", found.path, going_on.describe())
-    return epoch, step
+    return epoch, step, saved.workers, states
 
 
 def refuse_to_overwrite(directory):
@@ -327,6 +339,14 @@ def _load_newest(model, directory, config):
         if name in changed:
             raise UsageError(f"checkpoint {found.path} was written with --{name}="
                              f"{changed[name][0]}; resume with that, or use a new --model_dir")
+    averaged = found.settings.get("ema_momentum")
+    if (averaged is None) != (config.ema_momentum is None):
+        # The moving averages are optimizer variables: with or without them,
+        # the state has another shape.
+        written = f"with --ema_momentum={averaged}" if averaged is not None else (
+            "without --ema_momentum")
+        raise UsageError(f"checkpoint {found.path} was written {written}; resume the same way, "
+                         "or use a new --model_dir")
     if changed:
         logging.info("resuming with changed settings: %s", ", ".join(
             f"{name} {old} -> {new}" for name, (old, new) in sorted(changed.items())))

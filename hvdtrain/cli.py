@@ -1,8 +1,9 @@
 """The `hvdtrain` command: `hvdtrain train --recipe=NAME [flags]` trains
-(`--dry_run`: checks the flags and stops); `hvdtrain check-config FILE`
-checks a horovodrun --config-file strictly; `hvdtrain doctor [FILE]`
-reports what this machine gives a job; `hvdtrain report RUN_DIR` plots a
-run's log.
+(`--dry_run`: checks the flags and stops); `hvdtrain evaluate
+--model_dir=DIR [--checkpoint=NAME] [--split=NAME]` evaluates a run's model;
+`hvdtrain check-config FILE` checks a horovodrun --config-file strictly;
+`hvdtrain doctor [FILE]` reports what this machine gives a job; `hvdtrain
+report RUN_DIR` plots a run's log.
 
 Run it under `horovodrun -np N ...` for N workers, or plainly for one.
 Under horovodrun's elastic mode (--min-np, --max-np, --host-discovery-script)
@@ -30,7 +31,7 @@ from hvdtrain.errors import TrainingError, UsageError
 
 __all__ = ["SETTINGS", "run", "run_recipe"]
 
-COMMANDS = ("train", "check-config", "doctor", "report")
+COMMANDS = ("train", "evaluate", "check-config", "doctor", "report")
 # Seconds a rank that lost a peer waits before it exits (see _main).
 _BYSTANDER_EXIT_DELAY_SECONDS = 5
 
@@ -61,6 +62,9 @@ _define_setting_flags()
 flags.DEFINE_multi_string("option", [], "The recipe's own setting, NAME=VALUE; repeat for several (--helpshort --recipe=NAME lists them).")
 flags.DEFINE_bool("self_test", True, "doctor: run the 2-process allreduce self-test under each controller.")
 flags.DEFINE_bool("dry_run", False, "Check the flags and the recipe's settings, print them, and stop before training.")
+flags.DEFINE_string("checkpoint", "", "evaluate: a checkpoint of the run (its name under --model_dir/checkpoints, or its path) instead of the exported model.")
+flags.DEFINE_string("split", "validation", "evaluate: the split to evaluate on: validation (what training validated on), or another the recipe names (e.g. train).")
+flags.DEFINE_string("output", "", "evaluate: the JSON file to write the metrics to (default: --model_dir/evaluation-SPLIT[-CHECKPOINT].json).")
 
 FLAGS = flags.FLAGS
 
@@ -117,6 +121,9 @@ def _main(argv):
             return
         if rest:
             raise UsageError(f"unexpected arguments {' '.join(rest)}; flags take the form --name=value")
+        if command == "evaluate":
+            _evaluate()
+            return
         _train()
     except UsageError as e:
         _fail(str(e))
@@ -170,7 +177,8 @@ def _report(paths):
     print(f"hvdtrain: report written to {report.write(paths[0])}")
 
 
-def _train():
+def _checked_config():
+    """The run's settings from the flags, checked (see _train)."""
     # The recipe is make_config's own argument.
     values = {name: FLAGS[name].value for name in SETTINGS if name != "recipe"}
     # Bad input fails here, before TensorFlow loads: fast, and one line.
@@ -179,7 +187,24 @@ def _train():
     model_dir.check_usable(FLAGS.model_dir or model_dir.DEFAULT_PARENT)
     horovod_config.warn_about_launch_config()
     # The recipe's options need its module (and so TensorFlow) to be checked.
-    config = recipe_lib.make_config(FLAGS.recipe, FLAGS.option, **values)
+    return recipe_lib.make_config(FLAGS.recipe, FLAGS.option, **values)
+
+
+def _evaluate():
+    config = _checked_config()
+    from hvdtrain import evaluator, runtime
+
+    result = evaluator.evaluate(config, FLAGS.split, FLAGS.checkpoint or None,
+                                FLAGS.output or None, recipe_given=FLAGS["recipe"].present)
+    if runtime.is_main_process():
+        metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(result.metrics.items()))
+        print(f"hvdtrain: {result.source} on split {result.split} ({result.examples} examples, "
+              f"{result.workers} worker{'s' * (result.workers != 1)}): {metrics}; "
+              f"written to {result.path}")
+
+
+def _train():
+    config = _checked_config()
     if FLAGS.dry_run:
         settings = " ".join(f"--{k}={v}" for k, v in dataclasses.asdict(config).items()
                             if v is not None and k != "options")
@@ -212,9 +237,11 @@ def _summary(config, result, workers):
             if k not in ("learning_rate", "examples_per_second")}
     shown = {k: v for k, v in last.items() if k.startswith("val_")} or last
     metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(shown.items()))
-    epochs = config.epochs - result.start[0]
-    return (f"{config.recipe} on {workers} worker{'s' * (workers != 1)}, {epochs} epoch{'s' * (epochs != 1)} in "
-            f"{result.seconds:.1f} s: {metrics or 'already trained'}")
+    epochs = max(map(len, result.history.values()), default=0)
+    stopped = " (stopped early)" if epochs < config.epochs - result.start[0] and epochs else ""
+    return (f"{config.recipe} on {workers} worker{'s' * (workers != 1)}, {epochs} epoch"
+            f"{'s' * (epochs != 1)}{stopped} in {result.seconds:.1f} s: "
+            f"{metrics or 'already trained'}")
 
 
 def _fail(message, status=2, delay=0):

@@ -3,28 +3,41 @@ checked as a whole before any process starts working."""
 
 import dataclasses
 import math
+import typing
 from collections.abc import Callable
 
 from hvdtrain import preemption, schedules
 from hvdtrain.errors import UsageError
 
-__all__ = ["COMPRESSIONS", "NON_NEGATIVE", "OPTIMIZERS", "Optimizer", "POSITIVE", "Range",
-           "TrainConfig"]
+__all__ = ["CLIPPING", "COMPRESSIONS", "NON_NEGATIVE", "OPTIMIZERS", "Optimizer", "POSITIVE",
+           "Range", "TrainConfig"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Optimizer:
     """How the trainer builds an optimizer: its keras.optimizers class, and
-    its arguments besides the learning rate, from the config."""
+    its arguments of its own (besides the learning rate and the knobs every
+    Keras optimizer takes: weight decay, clipping, EMA) from the config."""
     keras_class: str
     arguments: Callable = lambda config: {}
 
 
-# The --optimizer choices, and how the trainer builds each
+# The --optimizer choices: every optimizer of keras.optimizers (a test checks
+# the list against the installed Keras), by its class's name in lower case,
+# and how the trainer builds each.
 OPTIMIZERS = {
-    "sgd": Optimizer("SGD", lambda config: {"momentum": config.momentum}),
-    "adam": Optimizer("Adam"),
+    "sgd": Optimizer("SGD", lambda config: {"momentum": config.momentum,
+                                            "nesterov": config.nesterov}),
+    "rmsprop": Optimizer("RMSprop", lambda config: {"momentum": config.momentum}),
+    **{name.lower(): Optimizer(name) for name in (
+        "Adam", "AdamW", "Adafactor", "Adagrad", "Adadelta", "Adamax", "Ftrl", "Lamb", "Lion",
+        "Muon", "Nadam", "ScheduleFreeAdamW")},
 }
+# Settings that only some optimizers take: a value other than the default
+# with another optimizer is refused rather than ignored.
+_OPTIMIZER_SETTINGS = {"nesterov": ("sgd",)}
+# Keras's gradient clipping: at most one of these.
+CLIPPING = ("clipnorm", "global_clipnorm", "clipvalue")
 # The --compression choices: the names of compression.Compression's algorithms
 COMPRESSIONS = ("none", "fp16", "bf16")
 
@@ -96,10 +109,44 @@ class TrainConfig:
     warmup_epochs: float = _number(
         2.0, NON_NEGATIVE, "Epochs of linear warm-up to the scaled learning rate.")
     lr_schedule: str = _setting(
-        "constant", "After warm-up: constant, cosine decay to 0 at the end, or step (x0.1 at "
-        "1/2 and 3/4 of the epochs).", choices=tuple(schedules.AFTER_WARMUP))
-    optimizer: str = _setting("sgd", "Optimizer.", choices=tuple(OPTIMIZERS))
-    momentum: float = _number(0.9, Range(0, 1), "Momentum (sgd).")
+        "constant", "After warm-up: constant, cosine decay to 0 at the end, step (x0.1 at "
+        "1/2 and 3/4 of the epochs), or plateau (x --plateau_factor when --best_metric has "
+        "not improved for --plateau_patience epochs).",
+        choices=(*schedules.AFTER_WARMUP, schedules.PLATEAU))
+    plateau_patience: int = _number(
+        5, POSITIVE, "--lr_schedule=plateau: epochs without improvement of --best_metric "
+        "(averaged over the workers) before the rate is lowered.")
+    plateau_factor: float = _number(
+        0.1, Range(0, 1, above=True), "--lr_schedule=plateau: what each lowering multiplies "
+        "the rate by.")
+    early_stopping_patience: int = _number(
+        0, NON_NEGATIVE, "Stop training when --best_metric (averaged over the workers, so "
+        "every rank stops at the same epoch) has not improved for this many epochs "
+        "(0: never).")
+    early_stopping_min_delta: float = _number(
+        0.0, NON_NEGATIVE, "The least change of --best_metric that counts as an improvement "
+        "for early stopping.")
+    optimizer: str = _setting("sgd", "Optimizer, by its Keras name (keras.optimizers).",
+                              choices=tuple(OPTIMIZERS))
+    momentum: float = _number(0.9, Range(0, 1), "Momentum (sgd, rmsprop).")
+    nesterov: bool = _setting(False, "Nesterov momentum (sgd).")
+    weight_decay: float | None = _number(
+        None, NON_NEGATIVE, "Decoupled weight decay, as Keras applies it: each update first "
+        "takes weight x this x the learning rate off every weight (default: the optimizer's "
+        "own, 0.004 for adamw, none for the others).")
+    # Keras clips inside the update, which comes after the gradients' reduction:
+    # every rank clips the same averaged gradients.
+    clipnorm: float | None = _number(
+        None, POSITIVE, "Clip each gradient, averaged over the workers, to this L2 norm.")
+    global_clipnorm: float | None = _number(
+        None, POSITIVE, "Clip the gradients, averaged over the workers, to this L2 norm "
+        "taken over all of them.")
+    clipvalue: float | None = _number(
+        None, POSITIVE, "Clip each averaged gradient's values to [-this, this].")
+    ema_momentum: float | None = _number(
+        None, Range(0, 1), "Keep an exponential moving average of the weights with this "
+        "momentum (Keras's use_ema); validation, hvdtrain evaluate and the exported model "
+        "use the averaged weights.")
     seed: int = _number(0, Range(0, 2**32), "Random seed for weights and shuffling.")
     data_dir: str | None = _setting(
         None, "TFDS data directory (default: TFDS's, ~/tensorflow_datasets).")
@@ -110,6 +157,9 @@ class TrainConfig:
         choices=("float32", "mixed_float16", "mixed_bfloat16"))
     compression: str = _setting(
         "none", "Compression of the gradients on the wire.", choices=COMPRESSIONS)
+    jit_compile: bool = _setting(
+        False, "Compile the forward and backward pass and the optimizer's update with XLA, "
+        "with Horovod's collectives between them, outside XLA.")
     backward_passes_per_step: int = _number(
         1, POSITIVE, "Batches whose gradients accumulate locally per allreduce and update.")
     sparse_as_dense: bool = _setting(
@@ -134,7 +184,9 @@ class TrainConfig:
         3, NON_NEGATIVE, "Checkpoints kept: the newest this many, plus the best by "
         "--best_metric (0: write none).")
     best_metric: str = _setting(
-        "val_loss", "Metric whose best checkpoint is kept (e.g. val_accuracy; empty: none).")
+        "val_loss", "The metric watched, averaged over the workers: its best checkpoint is "
+        "kept, and early stopping and --lr_schedule=plateau decide on it (e.g. val_accuracy; "
+        "empty: none).")
     nan_policy: str = _setting(
         "fail", "fail: stop every rank when the loss is NaN or infinite; ignore: train on.",
         choices=("fail", "ignore"))
@@ -159,14 +211,17 @@ class TrainConfig:
         0, NON_NEGATIVE, "Threads per op in each process (0: cores / local processes).")
     inter_op_threads: int = _number(
         0, NON_NEGATIVE, "Threads for independent ops (0: TensorFlow's default).")
-    verbose: int | None = _setting(
-        None, "Progress on rank 0: 0 none, 1 bar, 2 line per epoch (default: a bar for one "
-        "process on a terminal, else 2).")
+    verbose: int | None = _number(
+        None, Range(0, 2, up_to=True), "Progress on rank 0: 0 none, 1 bar, 2 line per epoch "
+        "(default: a bar for one process on a terminal, else 2).")
     export: bool = _setting(
         True, "Rank 0 writes the trained model (.keras and SavedModel) to --model_dir.")
     timeline_steps: str = _setting(
         "", "FIRST:LAST: record Horovod's timeline of those global training steps into "
         "--model_dir/timeline.json (chrome://tracing, ui.perfetto.dev).")
+    profile_steps: str = _setting(
+        "", "FIRST:LAST: rank 0 records TensorFlow's profiler over those global training "
+        "steps into --model_dir/tensorboard (TensorBoard's profile tab).")
     verbose_all_ranks: bool = _setting(
         False, "Every rank shows its progress and logs, not only rank 0.")
     throughput_warmup_steps: int = _number(
@@ -196,7 +251,8 @@ class TrainConfig:
 
     def validate(self):
         """Checks the settings as a whole: numbers in their ranges, names among
-        their choices, and `timeline_steps` and `verbose` well formed.
+        their choices, settings that apply to the optimizer and the metric
+        chosen, and `timeline_steps` and `profile_steps` well formed.
 
         Returns:
             This config, so that a call can end a chain.
@@ -212,10 +268,11 @@ class TrainConfig:
             if allowed and value not in allowed:
                 raise UsageError(f"unknown --{field.name}={value}; "
                                  f"choose one of {', '.join(allowed)}")
+        self._check_optimizer_settings()
+        self._check_monitoring()
         self.timeline_window()
+        self.profile_window()
         preemption.parse_signals(self.preemption_signals)
-        if self.verbose not in (None, 0, 1, 2):
-            raise UsageError(f"--verbose must be 0, 1 or 2, got {self.verbose}")
         return self
 
     def timeline_window(self):
@@ -229,21 +286,52 @@ class TrainConfig:
             UsageError: If `timeline_steps` is not FIRST:LAST with
                 1 <= FIRST <= LAST.
         """
-        if not self.timeline_steps:
-            return None
-        first, colon, last = self.timeline_steps.partition(":")
-        try:
-            steps = int(first), int(last)
-        except ValueError:
-            steps = None
-        if not colon or steps is None or not 1 <= steps[0] <= steps[1]:
-            raise UsageError(f"--timeline_steps={self.timeline_steps} is not FIRST:LAST with "
-                             "1 <= FIRST <= LAST (global steps); e.g. --timeline_steps=20:30")
-        return steps
+        return _step_window("timeline_steps", self.timeline_steps)
+
+    def profile_window(self):
+        """The steps `--profile_steps` records, as `timeline_window`."""
+        return _step_window("profile_steps", self.profile_steps)
+
+    def _check_optimizer_settings(self):
+        for name, optimizers in _OPTIMIZER_SETTINGS.items():
+            field = next(f for f in dataclasses.fields(self) if f.name == name)
+            if getattr(self, name) != field.default and self.optimizer not in optimizers:
+                raise UsageError(f"--{name} applies to --optimizer={' or '.join(optimizers)}, "
+                                 f"not {self.optimizer}")
+        clipping = [name for name in CLIPPING if getattr(self, name) is not None]
+        if len(clipping) > 1:
+            raise UsageError(f"--{' and --'.join(clipping)} are both set; Keras clips one way: "
+                             "keep one")
+
+    def _check_monitoring(self):
+        watching = [name for name, on in (
+            ("early_stopping_patience", self.early_stopping_patience),
+            ("lr_schedule=plateau", self.lr_schedule == schedules.PLATEAU)) if on]
+        if watching and not self.best_metric:
+            raise UsageError(f"--{watching[0]} watches --best_metric, which is empty; set it "
+                             "(e.g. --best_metric=val_loss)")
+
+
+def _step_window(name, text):
+    """(first, last) of a FIRST:LAST window of global steps; None for ''."""
+    if not text:
+        return None
+    first, colon, last = text.partition(":")
+    try:
+        steps = int(first), int(last)
+    except ValueError:
+        steps = None
+    if not colon or steps is None or not 1 <= steps[0] <= steps[1]:
+        raise UsageError(f"--{name}={text} is not FIRST:LAST with 1 <= FIRST <= LAST (global "
+                         f"steps); e.g. --{name}=20:30")
+    return steps
 
 
 def _check_number(field, value):
-    """A number of the field's type (an integer for an int field) in its range."""
+    """A number of the field's type (an integer for an int field) in its range;
+    None where the field's type allows it (unset: the default applies)."""
+    if value is None and type(None) in typing.get_args(field.type):
+        return
     kinds = (int,) if field.type is int else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
         expected = "an integer" if field.type is int else "a number"

@@ -6,8 +6,15 @@ the batch after its position: the input pipeline replays the epoch's order
 (derived from the seed and the epoch) and skips the batches already
 trained. That rest of the epoch is fitted on its own, shown to the callbacks
 as the whole epoch (ContinuedEpoch); the epochs after it follow in one more
-`fit`.
+`fit`, unless a callback stopped training in the first (early stopping).
+
+Keras's `fit` ends by writing the optimizer's moving average of the weights
+(use_ema) into the model. A run here ends once, after however many fits:
+these leave the weights as trained, and the caller finalizes them at the
+run's end (trainer.py).
 """
+
+import contextlib
 
 import keras
 import tensorflow as tf
@@ -25,25 +32,37 @@ def from_position(model, data, validation, callbacks, *, epochs, epoch, step, ve
     common = dict(validation_data=watchdog.counted(validation.batches()) if validation else None,
                   verbose=verbose, shuffle=False)  # the pipeline shuffles
     histories = []
-    if step:
-        # The rest of an epoch a checkpoint or an elastic restart cut: its
-        # own fit, shown to the callbacks as the whole epoch.
-        histories.append(model.fit(
-            watchdog.counted(_rest_of_epoch(data, epoch, step)), epochs=epoch + 1,
-            initial_epoch=epoch,
-            steps_per_epoch=data.steps - step,
-            callbacks=[ContinuedEpoch(c, step) for c in callbacks], **common))
-        epoch += 1
-    if epoch < epochs:
-        histories.append(model.fit(
-            watchdog.counted(data.for_epochs(epochs, epoch)), epochs=epochs,
-            initial_epoch=epoch,
-            steps_per_epoch=data.steps, callbacks=callbacks, **common))
+    with _weights_not_finalized(model.optimizer):
+        if step:
+            # The rest of an epoch a checkpoint or an elastic restart cut: its
+            # own fit, shown to the callbacks as the whole epoch.
+            histories.append(model.fit(
+                watchdog.counted(_rest_of_epoch(data, epoch, step)), epochs=epoch + 1,
+                initial_epoch=epoch,
+                steps_per_epoch=data.steps - step,
+                callbacks=[ContinuedEpoch(c, step) for c in callbacks], **common))
+            epoch = epochs if model.stop_training else epoch + 1
+        if epoch < epochs:
+            histories.append(model.fit(
+                watchdog.counted(data.for_epochs(epochs, epoch)), epochs=epochs,
+                initial_epoch=epoch,
+                steps_per_epoch=data.steps, callbacks=callbacks, **common))
     merged = {}
     for history in histories:
         for name, values in history.history.items():
             merged.setdefault(name, []).extend(values)
     return merged
+
+
+@contextlib.contextmanager
+def _weights_not_finalized(optimizer):
+    """Keras's fit calls `optimizer.finalize_variable_values` at its end:
+    here it does nothing (see the module's docstring)."""
+    optimizer.finalize_variable_values = lambda variables: None
+    try:
+        yield
+    finally:
+        del optimizer.finalize_variable_values
 
 
 def _rest_of_epoch(data, epoch, step):

@@ -25,6 +25,12 @@ every call, so a LearningRateSchedule advances per batch.
 Local variables (`register_local_var`, PartialDistributedOptimizer's
 `local_layers`) keep each rank's own gradients; with scale_local_gradients
 these are divided by the number of processes, as Horovod does.
+
+Keras's own knobs act after the reduction, inside the update: clipping
+(clipnorm, global_clipnorm, clipvalue) sees the averaged gradients, so every
+rank clips alike and the update equals one process's on the global batch;
+decoupled weight decay and the weights' moving average (use_ema) follow the
+weights, which are the same everywhere.
 """
 
 import functools
@@ -38,8 +44,8 @@ from hvdtrain.errors import UsageError
 from hvdtrain.reduction import GradientReducer, LocalVariables
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "accumulated_only",
-           "add_step_exchange", "check_loss_scale_order", "configure", "is_distributed",
-           "make_distributed", "rank_local_variables"]
+           "add_step_exchange", "check_loss_scale_order", "compile_updates", "configure",
+           "is_distributed", "make_distributed", "rank_local_variables"]
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # noqa: N802
@@ -111,7 +117,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         UsageError: If `optimizer` is built, or an argument has a value
             or combination refused above. At the first update: if the
             train step runs under XLA (`jit_compile=True`), which Horovod's
-            collectives do not support, or Adasum cannot run.
+            collectives do not support (`hvdtrain.jit_compile(model)`
+            compiles the rest), or Adasum cannot run.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError("DistributedOptimizer wraps a keras.optimizers.Optimizer, "
@@ -264,6 +271,14 @@ def add_step_exchange(optimizer, exchange):
     optimizer._hvd_exchanges = (*optimizer._hvd_exchanges, exchange)
 
 
+def compile_updates(optimizer):
+    """Compiles a distributed optimizer's update with XLA, after the
+    gradients' reduction (hvdtrain.xla); other optimizers are left as they
+    are. Call it before the first step: the train step reads it when traced."""
+    if is_distributed(optimizer):
+        optimizer._hvd_xla_updates = True
+
+
 def check_loss_scale_order(optimizer):
     """Refuses a plain LossScaleOptimizer around a distributed optimizer, which
     `compile()` makes when the mixed_float16 policy is set after wrapping: it
@@ -284,6 +299,7 @@ class _DistributedMixin:
     _hvd_accumulators = ()
     _hvd_local = LocalVariables()
     _hvd_exchanges = ()
+    _hvd_xla_updates = False
 
     def register_local_var(self, var):
         """Keeps `var`'s gradient on each rank (Horovod's per-rank variables).
@@ -299,6 +315,7 @@ class _DistributedMixin:
             self._hvd_counter = self.add_variable((), dtype="int64", name="hvd_passes")
             self._hvd_accumulators = [
                 self.add_variable_from_reference(v, name="hvd_accumulated") for v in variables]
+        _start_moving_averages(self, variables)
 
     def apply(self, grads, trainable_variables=None):
         if not self.built:
@@ -313,15 +330,24 @@ class _DistributedMixin:
         if self._hvd_passes == 1:
             self._exchange_with_the_gradients()
             reduced = self._hvd_reducer(grads, variables, self._hvd_local)
-            return super().apply(_summed_duplicates(reduced), trainable_variables)
+            return self._update(_summed_duplicates(reduced), trainable_variables)
         return self._accumulate_then_apply(list(grads), variables, trainable_variables)
+
+    def _update(self, grads, trainable_variables):
+        """The optimizer's own update with reduced `grads`; compiled with XLA
+        when asked (compile_updates) and every gradient has a static shape."""
+        update = super().apply
+        if not (self._hvd_xla_updates and all(g is None or isinstance(g, tf.Tensor)
+                                              for g in grads)):
+            return update(grads, trainable_variables)
+        return tf.function(lambda grads: update(grads, trainable_variables),
+                           jit_compile=True)(grads)
 
     def _exchange_with_the_gradients(self):
         for exchange in self._hvd_exchanges:
             exchange()
 
     def _accumulate_then_apply(self, grads, variables, trainable_variables):
-        apply = super().apply
         positions = (range(len(grads)) if variables is None
                      else [self._hvd_positions[id(v)] for v in variables])
         accumulators = [self._hvd_accumulators[i] for i in positions]
@@ -335,7 +361,8 @@ class _DistributedMixin:
             scale = 1.0 / self._hvd_passes if self._hvd_average_passes else 1.0
             summed = [None if g is None else a.value * scale
                       for a, g in zip(accumulators, grads)]
-            apply(self._hvd_reducer(summed, variables, self._hvd_local), trainable_variables)
+            self._update(self._hvd_reducer(summed, variables, self._hvd_local),
+                         trainable_variables)
             for accumulator in accumulators:
                 accumulator.assign(tf.zeros_like(accumulator))
             self._hvd_counter.assign(0)
@@ -367,14 +394,33 @@ def _summed_duplicates(grads):
     return summed
 
 
+def _start_moving_averages(optimizer, variables):
+    """Starts the weights' moving averages (use_ema) at the weights.
+
+    Keras starts them at zero and takes the weights themselves at the first
+    update, which it recognises by `iterations == 0`. Accumulating, the first
+    update comes later (`iterations` counts every batch, as in Horovod), and
+    the averages would start at zero and take hundreds of steps to forget
+    it. Started at the weights they are right from the first update on."""
+    holder = getattr(optimizer, "inner_optimizer", optimizer)   # a LossScaleOptimizer's
+    if not getattr(holder, "use_ema", False):
+        return
+    with tf.init_scope():   # once, also when built while the train step is traced
+        for variable, average in zip(variables, holder._model_variables_moving_average):
+            if average is not None:
+                average.assign(variable)
+
+
 def _refuse_xla():
     """Horovod 0.28.1 has no XLA kernels for its collectives on CPU (and on
     GPU only for a plain allreduce behind HOROVOD_ENABLE_XLA_OPS), so a
     jit-compiled train step cannot contain them."""
     from tensorflow.python.ops import control_flow_util  # no public equivalent
     if control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()):
-        raise UsageError("DistributedOptimizer cannot run inside XLA: compile the model "
-                         "with jit_compile=False (Horovod's collectives have no XLA kernels)")
+        raise UsageError("DistributedOptimizer cannot run inside XLA (Horovod's collectives "
+                         "have no XLA kernels): compile the model with jit_compile=False, then "
+                         "hvdtrain.jit_compile(model) compiles the rest of the train step "
+                         "(hvdtrain train: --jit_compile)")
 
 
 @functools.cache

@@ -70,6 +70,10 @@ class Recipe:
         options: `{name: Option}`, the recipe's own settings; their values
             are in `config.options`.
         unit: What throughput counts: examples, images, sequences...
+        evaluation_splits: {name: (config) -> ShardedDataset} of the splits
+            `hvdtrain evaluate --split=NAME` reads besides "validation"
+            (`load_data`'s), each in evaluation order: every example once,
+            not augmented.
     """
     name: str
     build_model: Callable[..., Any]
@@ -79,6 +83,7 @@ class Recipe:
     defaults: dict = dataclasses.field(default_factory=dict)
     options: dict = dataclasses.field(default_factory=dict)
     unit: str = "examples"
+    evaluation_splits: dict = dataclasses.field(default_factory=dict)
 
 
 def available():

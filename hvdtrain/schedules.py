@@ -6,7 +6,7 @@ import math
 
 from hvdtrain.errors import UsageError
 
-__all__ = ["AFTER_WARMUP", "after_warmup"]
+__all__ = ["AFTER_WARMUP", "PLATEAU", "after_warmup"]
 
 
 def _constant(epochs, warmup_epochs):
@@ -27,8 +27,11 @@ def _step(epochs, warmup_epochs):
     return multiplier
 
 
-# Name -> f(epochs, warmup_epochs) -> multiplier(epoch); the --lr_schedule choices.
+# Name -> f(epochs, warmup_epochs) -> multiplier(epoch): the --lr_schedule
+# choices that are functions of the epoch.
 AFTER_WARMUP = {"constant": _constant, "cosine": _cosine, "step": _step}
+# The choice that follows a metric instead (callbacks.PlateauLearningRate).
+PLATEAU = "plateau"
 
 
 def after_warmup(name, epochs, warmup_epochs):

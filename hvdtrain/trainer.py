@@ -12,16 +12,14 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from hvdtrain import (callbacks, checkpoint, collectives, elastic, export, fit, preemption,
-                      run_lock, runtime, throughput, training_state, watchdog)
+from hvdtrain import (callbacks, checkpoint, collectives, compiled_model, elastic, export, fit,
+                      preemption, run_lock, runtime, schedules, throughput, training_state,
+                      watchdog)
 from hvdtrain import optimizer as optimizer_lib
 from hvdtrain import recipe as recipe_lib
-from hvdtrain.compression import Compression
-from hvdtrain.config import OPTIMIZERS
 from hvdtrain.data import input_errors
-from hvdtrain.errors import TrainingError
+from hvdtrain.errors import TrainingError, UsageError
 from hvdtrain.model_dir import DEFAULT_PARENT, check_usable
-from hvdtrain.optimizer import DistributedOptimizer
 from hvdtrain.training_state import Position
 
 __all__ = ["TrainResult", "train"]
@@ -115,23 +113,10 @@ def _stops_cleanly(config):
 def _train(config, recipe, model_dir):
     keras.utils.set_random_seed(config.seed)
     watchdog.progress("building the model")
-    model = recipe.build_model(config)
-    optimizer = DistributedOptimizer(
-        _optimizer(config, config.learning_rate * hvd.size()),
-        compression=getattr(Compression, config.compression),
-        sparse_as_dense=config.sparse_as_dense,
-        groups=config.allreduce_groups or None,
-        backward_passes_per_step=config.backward_passes_per_step,
-        average_aggregated_gradients=True)
-    # A Metric class is made here: made at import, its variables would start
-    # TensorFlow before runtime.init sets its threads.
-    metrics = [m() if isinstance(m, type) else m for m in recipe.metrics]
-    # XLA cannot hold Horovod's collectives; Keras would pick it on GPUs.
-    model.compile(optimizer=optimizer, loss=recipe.loss, metrics=metrics,
-                  jit_compile=False)
+    model = compiled_model.compile_model(recipe.build_model(config), recipe, config)
 
     if elastic.launched():
-        state = elastic.KerasState(model, position=None)
+        state = elastic.KerasState(model, position=None, kept_states={})
         result = elastic.run(_train_from)(state, model, recipe, config, model_dir)
     else:
         vote = None
@@ -139,6 +124,10 @@ def _train(config, recipe, model_dir):
             vote = callbacks.StopVote()
             optimizer_lib.add_step_exchange(model.optimizer, vote.exchange)
         result = _train_from(None, model, recipe, config, model_dir, vote)
+    # The weights' moving average (--ema_momentum) becomes the model: what
+    # was validated is what is exported (Keras's fit does this at its end;
+    # a run here may take several fits, or none when resumed at its end).
+    model.optimizer.finalize_variable_values(model.trainable_weights)
     _refuse_non_finite(model, model_dir)
     if config.export and runtime.is_main_process():
         watchdog.progress("exporting the model")
@@ -182,14 +171,24 @@ def _train_from(state, model, recipe, config, model_dir, vote=None):
     checkpoints = model_dir / "checkpoints"
     restarted = state is not None and state.position is not None
     watchdog.progress("finding where to start")
-    epoch, step = _starting_point(state, model, config, checkpoints, steps)
+    start = _starting_point(state, model, config, checkpoints, steps)
+    epoch, step = start.epoch, start.step
     learning_rate = config.learning_rate * hvd.size()
-    if epoch + step / steps >= config.warmup_epochs:
-        # Past warm-up only a schedule sets the rate: scale it for the workers there are now.
-        model.optimizer.learning_rate = learning_rate
+    if start.workers not in (None, hvd.size()) and epoch + step / steps >= config.warmup_epochs:
+        # Past warm-up the rate stands where the schedule left it, scaled for
+        # the workers then: rescale it for the workers there are now.
+        model.optimizer.learning_rate = (float(model.optimizer.learning_rate)
+                                         * hvd.size() / start.workers)
+    _check_watched_metric(config, validation_data)
     started = _callbacks(state, vote, config, model_dir, learning_rate, steps,
                          validation_data.steps if validation_data else None,
-                         start=(epoch, step), resumed=config.resume or restarted)
+                         start=(epoch, step), resumed=config.resume or restarted,
+                         kept_states=start.kept_states)
+    stopped = callbacks.EarlyStopping.stopped_after(start.kept_states)
+    if stopped is not None:
+        logging.info("training stopped early after epoch %d (--early_stopping_patience): "
+                     "nothing left to train", stopped)
+        epoch, step = config.epochs, 0
     try:
         history = fit.from_position(model, train_data, validation_data, started.ordered,
                                     epochs=config.epochs, epoch=epoch, step=step,
@@ -220,8 +219,15 @@ def _close_summaries(ordered):
             callback.on_train_end()
 
 
+class _Start(typing.NamedTuple):
+    epoch: int              # where this start trains from (0-based)
+    step: int
+    workers: int | None     # the workers of the state it goes on from (None: a new run)
+    kept_states: dict       # callbacks.KeptState's states there
+
+
 def _starting_point(state, model, config, checkpoints, steps):
-    """(epoch, step) where this start trains from."""
+    """Where this start trains from: a _Start."""
     if state is not None and state.position is not None:
         # An elastic restart: counted in examples, as when resuming a
         # checkpoint on other workers.
@@ -231,22 +237,33 @@ def _starting_point(state, model, config, checkpoints, steps):
         logging.info("elastic restart, world size %d -> %d: from the commit after %s, "
                      "going on after %s", committed.workers, hvd.size(), committed.describe(),
                      Position(epoch, step, steps, hvd.size(), config.batch_size).describe())
-        return epoch, step
+        return _Start(epoch, step, committed.workers, state.kept_states)
     # The run's first start (elastic: every worker is here, none has committed yet).
     run_lock.acquire(checkpoints.parent)
     if config.resume:
-        epoch, step = checkpoint.restore(model, checkpoints, config, steps)
+        epoch, step, workers, kept = checkpoint.restore(model, checkpoints, config, steps)
     else:
         checkpoint.refuse_to_overwrite(checkpoints)
-        epoch, step = 0, 0
+        epoch, step, workers, kept = 0, 0, None, {}
     if state is not None:
         # Commit the start, with rank 0's variables (a checkpoint restored
         # there) on every worker: a restart must not look for checkpoints
         # again, it would find this run's own.
         collectives.broadcast_variables(training_state.training_variables(model))
         state.position = Position(epoch, step, steps, hvd.size(), config.batch_size)
+        state.kept_states = kept
         state.commit()
-    return epoch, step
+    return _Start(epoch, step, workers, kept)
+
+
+def _check_watched_metric(config, validation_data):
+    """Early stopping and the plateau schedule need the metric they watch:
+    a validation metric needs validation data."""
+    watching = config.early_stopping_patience or config.lr_schedule == schedules.PLATEAU
+    if watching and config.best_metric.startswith("val_") and validation_data is None:
+        raise UsageError(f"--best_metric={config.best_metric} is a validation metric, and "
+                         f"recipe {config.recipe} has no validation data: watch a training "
+                         f"metric (e.g. --best_metric={config.best_metric.removeprefix('val_')})")
 
 
 class _StartCallbacks(typing.NamedTuple):
@@ -256,9 +273,12 @@ class _StartCallbacks(typing.NamedTuple):
 
 
 def _callbacks(state, vote, config, model_dir, learning_rate, steps, validation_steps, start,
-               resumed):
+               resumed, kept_states=None):
     """The callbacks of one start from `start` (epoch, step), in the order
-    they must run, with its throughput meter and checkpoint saver."""
+    they must run, with its throughput meter and checkpoint saver;
+    `kept_states`: the states of those that keep one (callbacks.KeptState),
+    where the run stands."""
+    kept_states = kept_states or {}
     meter = callbacks.Throughput(config.batch_size, config.throughput_warmup_steps,
                                  config.throughput_window_steps)
     chosen = [meter, callbacks.WatchdogProgress(), callbacks.BroadcastInitialState(root_rank=0),
@@ -266,40 +286,51 @@ def _callbacks(state, vote, config, model_dir, learning_rate, steps, validation_
               callbacks.RunLog(model_dir, meter, config, start, resumed)]
     if validation_steps:
         chosen.append(callbacks.ExactEvaluation(validation_steps))
+        if config.ema_momentum is not None:
+            chosen.append(callbacks.AverageWeightsForEvaluation())
     if config.nan_policy == "fail":
         chosen.append(callbacks.FailOnNonFiniteLoss())
     if config.warmup_epochs:
         chosen.append(callbacks.LearningRateWarmup(learning_rate, config.warmup_epochs,
                                                    steps_per_epoch=steps))
-    if config.lr_schedule != "constant":
+    if config.lr_schedule == schedules.PLATEAU:
+        chosen.append(callbacks.PlateauLearningRate(
+            config.best_metric, learning_rate, config.plateau_factor, config.plateau_patience,
+            config.warmup_epochs, steps, state=kept_states.get(
+                callbacks.PlateauLearningRate.state_key)))
+    elif config.lr_schedule != "constant":
         chosen.append(callbacks.decay_after_warmup(
             config.lr_schedule, learning_rate, config.epochs, config.warmup_epochs, steps))
+    if config.early_stopping_patience:
+        chosen.append(callbacks.EarlyStopping(
+            config.best_metric, config.early_stopping_patience,
+            config.early_stopping_min_delta,
+            state=kept_states.get(callbacks.EarlyStopping.state_key)))
+    kept = [c for c in chosen if isinstance(c, callbacks.KeptState)]
     saver = None
     if config.keep_checkpoints:
         saver = callbacks.PeriodicCheckpoint(
             model_dir / "checkpoints", dataclasses.asdict(config), config.batch_size,
             config.epochs, every_epochs=config.checkpoint_epochs,
             every_steps=config.checkpoint_steps, keep=config.keep_checkpoints,
-            monitor=config.best_metric or None, nan_policy=config.nan_policy)
+            monitor=config.best_metric or None, nan_policy=config.nan_policy, kept=kept)
         chosen.append(saver)
         if vote is not None:
             chosen.append(callbacks.PreemptionStop(vote, saver, config.batch_size,
                                                    config.epochs, start))
     if runtime.is_main_process():
         chosen.append(callbacks.EpochTensorBoard(model_dir / "tensorboard", write_graph=False))
+        if config.profile_steps:
+            # Beside the metrics of the same run, where TensorBoard's profile tab finds it.
+            chosen.append(callbacks.ProfilerWindow(model_dir / "tensorboard" / "train",
+                                                   *config.profile_window()))
     if config.timeline_steps:
         first, last = config.timeline_window()
         chosen.append(callbacks.HorovodTimeline(model_dir / "timeline.json", first, last))
     if state is not None:
-        chosen += [callbacks.TrackPosition(state, config.batch_size),
+        chosen += [callbacks.TrackPosition(state, config.batch_size, kept=kept),
                    callbacks.CommitState(state, config.elastic_commit_steps)]
     return _StartCallbacks(callbacks.in_order(chosen), meter, saver)
-
-
-def _optimizer(config, learning_rate):
-    optimizer = OPTIMIZERS[config.optimizer]
-    keras_class = getattr(keras.optimizers, optimizer.keras_class)
-    return keras_class(learning_rate, **optimizer.arguments(config))
 
 
 def _verbosity(config):

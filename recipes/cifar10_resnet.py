@@ -22,7 +22,7 @@ learning rate 0.1 (one worker's, scaled by the number of workers after a
 5-epoch linear warm-up, Goyal et al. 2017), divided by 10 at 1/2 and 3/4 of
 164 epochs. On one worker (390 steps an epoch) that is the paper's schedule:
 divided at 32k and 48k iterations, ending at 64k (the paper's 182 epochs
-were of its 45k-image training split). Weight decay 1e-4 (an L2 penalty of
+were of its 45k-image training split). Weight decay 1e-4 (`--option=l2`, an L2 penalty of
 5e-5 on the kernels: Keras adds it to the loss, whose gradient doubles it).
 Batch normalization's moving averages keep 0.9 of the old value per step,
 as in the Torch models of the time (Keras's default: 0.99).
@@ -74,14 +74,16 @@ def preprocess(example, seed):
     return image, example["label"]
 
 
+def read_split(config, split, training=False):
+    # The decoded training images (150 MB in all) fit in memory: cache them.
+    return from_tfds(DATASET, split, config.batch_size, training=training, cache=training,
+                     preprocess=preprocess, builder=prepare(DATASET, config.data_dir),
+                     seed=config.seed, deterministic=config.deterministic)
+
+
 def load_data(config):
-    builder = prepare(DATASET, config.data_dir)
-    common = dict(preprocess=preprocess, builder=builder, seed=config.seed,
-                  deterministic=config.deterministic)
-    return Splits(
-        # The decoded images (150 MB in all) fit in memory: cache them.
-        train=from_tfds(DATASET, "train", config.batch_size, training=True, cache=True, **common),
-        validation=from_tfds(DATASET, "test", config.batch_size, training=False, **common))
+    return Splits(train=read_split(config, "train", training=True),
+                  validation=read_split(config, "test"))
 
 
 @keras.saving.register_keras_serializable(package="cifar10_resnet")
@@ -108,7 +110,7 @@ def build_model(config):
         raise UsageError(f"--option=depth={depth}: a CIFAR ResNet has depth 6n+2 "
                          "(8, 14, 20, 32, 44, 56, 110)")
     blocks = (depth - 2) // 6
-    decay = keras.regularizers.L2(config.options["weight_decay"] / 2)
+    decay = keras.regularizers.L2(config.options["l2"] / 2)
 
     def conv(x, filters, strides=1):
         return keras.layers.Conv2D(filters, 3, strides=strides, padding="same", use_bias=False,
@@ -143,9 +145,12 @@ RECIPE = Recipe(
     options={
         "depth": Option(20, "layers with weights, 6n+2: 20, 32, 44, 56 or 110 as in the paper",
                         allowed=POSITIVE),
-        "weight_decay": Option(1e-4, "weight decay of the kernels (0: none)", allowed=NON_NEGATIVE),
+        "l2": Option(1e-4, "the paper's weight decay: an L2 penalty on the kernels, coupled with "
+                             "SGD's update (--weight_decay is the decoupled kind; 0: none)",
+                     allowed=NON_NEGATIVE),
     },
     unit="images",
+    evaluation_splits={"train": lambda config: read_split(config, "train")},
 )
 
 if __name__ == "__main__":

@@ -17,16 +17,17 @@ def preprocess(example, seed):
     return tf.cast(example["image"], tf.float32) / 255.0, example["label"]
 
 
-def load_data(config):
+def read_split(config, split, training=False):
     with runtime.main_process_first():
         builder = digits.prepare(config.data_dir)
-    common = dict(preprocess=preprocess, builder=builder, seed=config.seed,
-                  deterministic=config.deterministic)
-    return Splits(
-        train=from_tfds("hvdtrain_digits", "train", config.batch_size, training=True,
-                        cache=True, **common),
-        validation=from_tfds("hvdtrain_digits", "validation", config.batch_size,
-                             training=False, **common))
+    return from_tfds("hvdtrain_digits", split, config.batch_size, training=training,
+                     cache=training, preprocess=preprocess, builder=builder, seed=config.seed,
+                     deterministic=config.deterministic)
+
+
+def load_data(config):
+    return Splits(train=read_split(config, "train", training=True),
+                  validation=read_split(config, "validation"))
 
 
 def build_model(config):
@@ -51,6 +52,7 @@ RECIPE = Recipe(
     metrics=("accuracy",),
     defaults=dict(epochs=15, batch_size=32, learning_rate=0.02, optimizer="sgd",
                   momentum=0.9, warmup_epochs=2),
+    evaluation_splits={"train": lambda config: read_split(config, "train")},
 )
 
 if __name__ == "__main__":

@@ -67,8 +67,7 @@ def tokenize(text, vocab_size, sequence_length):
     return tf.ensure_shape(ids, [sequence_length])
 
 
-def load_data(config):
-    builder = prepare(DATASET, config.data_dir)
+def read_split(config, split, training=False):
     vocab_size, length = config.options["vocab_size"], config.options["sequence_length"]
     if vocab_size <= RESERVED_IDS or length < 2:
         raise UsageError(f"--option=vocab_size={vocab_size} must be above {RESERVED_IDS} and "
@@ -77,11 +76,14 @@ def load_data(config):
     def preprocess(example, seed):
         return tokenize(example["text"], vocab_size, length), example["label"]
 
-    common = dict(preprocess=preprocess, builder=builder, seed=config.seed,
-                  deterministic=config.deterministic)
-    return Splits(
-        train=from_tfds(DATASET, "train", config.batch_size, training=True, cache=True, **common),
-        validation=from_tfds(DATASET, "test", config.batch_size, training=False, **common))
+    return from_tfds(DATASET, split, config.batch_size, training=training, cache=training,
+                     preprocess=preprocess, builder=prepare(DATASET, config.data_dir),
+                     seed=config.seed, deterministic=config.deterministic)
+
+
+def load_data(config):
+    return Splits(train=read_split(config, "train", training=True),
+                  validation=read_split(config, "test"))
 
 
 def position_encoding(length, depth):
@@ -170,6 +172,7 @@ RECIPE = Recipe(
         "dropout": Option(0.1, "dropout rate", allowed=Range(0, 1)),
     },
     unit="sequences",
+    evaluation_splits={"train": lambda config: read_split(config, "train")},
 )
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
-"""The base of hvdtrain's callbacks that need to know where training stands."""
+"""What hvdtrain's callbacks share: the epoch and global step, the direction
+a watched metric improves in, and state that checkpoints keep."""
 
 import keras
 
-__all__ = ["TrainingCallback"]
+__all__ = ["KeptState", "TrainingCallback", "kept_states", "monitor_mode"]
 
 
 class TrainingCallback(keras.callbacks.Callback):
@@ -25,3 +26,51 @@ class TrainingCallback(keras.callbacks.Callback):
     def global_step(self, batch):
         """Training steps done once `batch` (0-based, of the current epoch) ends."""
         return self.epoch * self.params["steps"] + batch + 1
+
+
+class KeptState:
+    """A callback whose decisions depend on the epochs before (counters, the
+    best value so far): checkpoints and elastic commits keep its state, so
+    that a resumed run decides as the uninterrupted one would.
+
+    Subclasses set `state_key`, the name the state is kept under, and
+    define `get_state()`, a dict of JSON values, and `set_state(state)`.
+    The state changes only at epochs' ends.
+    """
+
+    state_key = None
+
+    def get_state(self):
+        raise NotImplementedError
+
+    def set_state(self, state):
+        raise NotImplementedError
+
+
+def kept_states(callbacks):
+    """{state_key: state} of the `KeptState` callbacks among `callbacks`."""
+    return {c.state_key: c.get_state() for c in callbacks if isinstance(c, KeptState)}
+
+
+def monitor_mode(model, monitor):
+    """"min" or "max": whether a smaller or a larger `monitor` is better.
+
+    The direction its metric declares, as Keras's MonitorCallback reads it
+    (`val_` names the same metric on the validation split); the loss is
+    minimised. A name no metric of `model` has falls back to its words:
+    losses and errors ("loss", "error", "mse", "mae") are minimised.
+    """
+    name = monitor.removeprefix("val_")
+    if name == "loss":
+        return "min"
+    for metric in _metrics(model):
+        if metric.name == name and hasattr(metric, "_direction"):  # Keras's own attribute
+            return "max" if metric._direction == "up" else "min"
+    return "min" if any(word in monitor for word in ("loss", "error", "mse", "mae")) else "max"
+
+
+def _metrics(model):
+    """The model's metric objects, those compile() groups included."""
+    for metric in model.metrics:
+        yield metric
+        yield from getattr(metric, "metrics", ())

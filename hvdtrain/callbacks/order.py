@@ -1,13 +1,17 @@
 """The one order hvdtrain's callbacks run in, and why.
 
 Keras runs callbacks in list order, hook by hook: at an epoch's end the
-metrics must be averaged before anything reads them, and an elastic commit
-must come after the checkpoint it should cover.
+metrics must be averaged before anything reads them (early stopping and the
+plateau schedule decide on them: every rank alike), a checkpoint must come
+after the decisions whose state it keeps, and an elastic commit after the
+checkpoint it should cover.
 """
 
 from hvdtrain.callbacks.average_metrics import AverageMetrics
+from hvdtrain.callbacks.average_weights_for_evaluation import AverageWeightsForEvaluation
 from hvdtrain.callbacks.broadcast_initial_state import BroadcastInitialState
 from hvdtrain.callbacks.commit_state import CommitState
+from hvdtrain.callbacks.early_stopping import EarlyStopping
 from hvdtrain.callbacks.epoch_tensorboard import EpochTensorBoard
 from hvdtrain.callbacks.exact_evaluation import ExactEvaluation
 from hvdtrain.callbacks.fail_on_non_finite_loss import FailOnNonFiniteLoss
@@ -15,7 +19,9 @@ from hvdtrain.callbacks.horovod_timeline import HorovodTimeline
 from hvdtrain.callbacks.learning_rate_schedule import ScheduledLearningRate
 from hvdtrain.callbacks.learning_rate_warmup import LearningRateWarmup
 from hvdtrain.callbacks.periodic_checkpoint import PeriodicCheckpoint
+from hvdtrain.callbacks.plateau_learning_rate import PlateauLearningRate
 from hvdtrain.callbacks.preemption_stop import PreemptionStop
+from hvdtrain.callbacks.profiler_window import ProfilerWindow
 from hvdtrain.callbacks.run_log import RunLog
 from hvdtrain.callbacks.throughput import Throughput
 from hvdtrain.callbacks.track_position import TrackPosition
@@ -27,15 +33,19 @@ ORDER = (
     Throughput,             # first: its timing leaves out the others' work between steps
     WatchdogProgress,
     BroadcastInitialState,
-    ExactEvaluation,        # validation metrics: exact over the whole split, ...
+    AverageWeightsForEvaluation,   # validation on the moving averages, ...
+    ExactEvaluation,        # ... its metrics exact over the whole split, ...
     AverageMetrics,         # ... training metrics: averaged, before everything that reads them
     FailOnNonFiniteLoss,
     LearningRateWarmup,     # the rate: warm-up, then the schedule after it
+    PlateauLearningRate,
     ScheduledLearningRate,
-    PeriodicCheckpoint,     # writes the averaged metric it monitors
+    EarlyStopping,
+    PeriodicCheckpoint,     # writes the averaged metric it monitors, and the decisions' state
     RunLog,                 # records the averaged metrics and the meter's epoch
     EpochTensorBoard,
     HorovodTimeline,
+    ProfilerWindow,
     PreemptionStop,         # after the epoch's checkpoint and records, which it ends with
     TrackPosition,          # last: an epoch's end is committed after the work done
     CommitState,            # there (checkpoint), with the position just tracked

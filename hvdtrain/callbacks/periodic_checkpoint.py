@@ -8,7 +8,7 @@ import keras
 from absl import logging
 
 from hvdtrain import checkpoint, optimizer as optimizer_lib, runtime
-from hvdtrain.callbacks.base import TrainingCallback
+from hvdtrain.callbacks.base import TrainingCallback, kept_states, monitor_mode
 from hvdtrain.errors import TrainingError
 from hvdtrain.training_state import Position, training_variables
 
@@ -16,8 +16,9 @@ __all__ = ["PeriodicCheckpoint"]
 
 
 class PeriodicCheckpoint(TrainingCallback):
-    """Saves a checkpoint every `every_epochs` epochs (and after the last),
-    and every `every_steps` training steps. Give it to every rank: gradients
+    """Saves a checkpoint every `every_epochs` epochs (and after the last,
+    also when early stopping ends the run), and every `every_steps` training
+    steps. Give it to every rank: gradients
     being accumulated are rank-local and get averaged into the checkpoint.
     Only rank 0 writes; it keeps the newest `keep` and the best by `monitor`,
     and never writes a state that is not finite (with `nan_policy` "fail"
@@ -36,16 +37,19 @@ class PeriodicCheckpoint(TrainingCallback):
             callbacks; a name no metric of the model has is judged by its
             words (losses and errors are smaller when better).
         nan_policy: "fail" or "ignore", as --nan_policy.
+        kept: Callbacks whose state (base.KeptState) each checkpoint keeps;
+            put this callback after them.
     """
 
     def __init__(self, directory, settings, batch_size, epochs, every_epochs=1,
-                 every_steps=0, keep=3, monitor=None, nan_policy="fail"):
+                 every_steps=0, keep=3, monitor=None, nan_policy="fail", kept=()):
         super().__init__()
         self.directory, self.settings = directory, settings   # what is written where
         self.batch_size, self.epochs = batch_size, epochs
         self.every_epochs, self.every_steps = every_epochs, every_steps   # when
         self.keep, self.monitor = keep, monitor   # which are kept
         self.nan_policy = nan_policy
+        self.kept = kept
         self.seconds = []   # each save's duration, on rank 0
         self.last_written = None   # (epoch, step) of this run's newest save
 
@@ -57,7 +61,8 @@ class PeriodicCheckpoint(TrainingCallback):
 
     def on_epoch_end(self, epoch, logs=None):
         done = epoch + 1
-        if done == self.epochs or (self.every_epochs and done % self.every_epochs == 0):
+        if (done == self.epochs or self.model.stop_training
+                or (self.every_epochs and done % self.every_epochs == 0)):
             metric = (logs or {}).get(self.monitor) if self.monitor else None
             self.save(done, 0, None if metric is None else float(metric))
 
@@ -88,7 +93,8 @@ class PeriodicCheckpoint(TrainingCallback):
             return
         try:
             path = checkpoint.save(self.directory, values, position, self.settings, metric,
-                                   names=[v.path for v in variables])
+                                   names=[v.path for v in variables],
+                                   callbacks=kept_states(self.kept))
             checkpoint.retain(self.directory, self.keep,
                               monitor_mode(self.model, self.monitor) if self.monitor else None)
         except OSError as e:
@@ -96,30 +102,6 @@ class PeriodicCheckpoint(TrainingCallback):
                                 "free space there or choose another --model_dir") from None
         self.seconds.append(time.perf_counter() - start)
         logging.info("checkpoint %s written in %.2f s", path, self.seconds[-1])
-
-
-def monitor_mode(model, monitor):
-    """"min" or "max": whether a smaller or a larger `monitor` is better.
-
-    The direction its metric declares, as Keras's MonitorCallback reads it
-    (`val_` names the same metric on the validation split); the loss is
-    minimised. A name no metric of `model` has falls back to its words:
-    losses and errors ("loss", "error", "mse", "mae") are minimised.
-    """
-    name = monitor.removeprefix("val_")
-    if name == "loss":
-        return "min"
-    for metric in _metrics(model):
-        if metric.name == name and hasattr(metric, "_direction"):  # Keras's own attribute
-            return "max" if metric._direction == "up" else "min"
-    return "min" if any(word in monitor for word in ("loss", "error", "mse", "mae")) else "max"
-
-
-def _metrics(model):
-    """The model's metric objects, those compile() groups included."""
-    for metric in model.metrics:
-        yield metric
-        yield from getattr(metric, "metrics", ())
 
 
 def _with_local_state_averaged(model, variables):

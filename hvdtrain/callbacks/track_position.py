@@ -1,8 +1,9 @@
-"""Elastic training's position, kept in its state for a restart."""
+"""Elastic training's position, kept in its state for a restart, with the
+state of the callbacks that keep one."""
 
 import horovod.tensorflow as hvd
 
-from hvdtrain.callbacks.base import TrainingCallback
+from hvdtrain.callbacks.base import TrainingCallback, kept_states
 from hvdtrain.training_state import Position
 
 __all__ = ["TrackPosition"]
@@ -24,18 +25,24 @@ class TrackPosition(TrainingCallback):
         batch_size: Examples per batch on each worker, kept in the position
             so that it can be mapped onto another batch size or number of
             workers.
+        kept: Callbacks whose state (base.KeptState) is kept in
+            `state.kept_states` at each epoch's end; put this callback
+            after them.
     """
 
-    def __init__(self, state, batch_size):
+    def __init__(self, state, batch_size, kept=()):
         super().__init__()
         self.state = state
         self.batch_size = batch_size
+        self.kept = kept
 
     def on_train_batch_end(self, batch, logs=None):
         self._stand_at(self.epoch, batch + 1)
 
     def on_epoch_end(self, epoch, logs=None):
         self._stand_at(epoch + 1, 0)
+        if self.kept:
+            self.state.kept_states = kept_states(self.kept)
 
     def _stand_at(self, epoch, step):
         self.state.position = Position(epoch, step, self.params["steps"], hvd.size(),

@@ -10,7 +10,7 @@ import pytest
 import hvdtrain
 from hvdtrain import callbacks, fit, trainer
 from hvdtrain.callbacks import ORDER
-from hvdtrain.callbacks.periodic_checkpoint import monitor_mode
+from hvdtrain.callbacks.base import monitor_mode
 from hvdtrain.config import TrainConfig
 
 
@@ -19,17 +19,23 @@ def horovod():
     hvdtrain.init()
 
 
-def _every_callback(tmp_path):
-    config = TrainConfig(warmup_epochs=1, lr_schedule="cosine", timeline_steps="2:3",
-                         checkpoint_steps=5)
+def _every_callback(tmp_path, lr_schedule):
+    config = TrainConfig(warmup_epochs=1, lr_schedule=lr_schedule, timeline_steps="2:3",
+                         profile_steps="2:3", checkpoint_steps=5, ema_momentum=0.99,
+                         early_stopping_patience=2)
     # Both an elastic state and a stop vote: no run has both, but each has its place.
     elastic_state = types.SimpleNamespace(position=None)
     return trainer._callbacks(elastic_state, callbacks.StopVote(), config, tmp_path, 0.1,
                               steps=10, validation_steps=2, start=(0, 0), resumed=False).ordered
 
 
-def test_a_run_with_everything_on_has_every_callback_in_the_stated_order(tmp_path):
-    assert [type(c) for c in _every_callback(tmp_path)] == list(ORDER)
+@pytest.mark.parametrize("lr_schedule, instead", [("cosine", callbacks.PlateauLearningRate),
+                                                  ("plateau", callbacks.ScheduledLearningRate)])
+def test_a_run_with_everything_on_has_every_callback_in_the_stated_order(tmp_path, lr_schedule,
+                                                                         instead):
+    # The schedules after warm-up exclude one another.
+    assert [type(c) for c in _every_callback(tmp_path, lr_schedule)] == [
+        c for c in ORDER if c is not instead]
 
 
 def test_the_order_keeps_each_callback_where_its_reason_puts_it():
@@ -38,8 +44,14 @@ def test_the_order_keeps_each_callback_where_its_reason_puts_it():
 
     assert ORDER[0] is callbacks.Throughput
     for reader in (callbacks.FailOnNonFiniteLoss, callbacks.PeriodicCheckpoint,
-                   callbacks.RunLog, callbacks.EpochTensorBoard):
+                   callbacks.RunLog, callbacks.EpochTensorBoard, callbacks.EarlyStopping,
+                   callbacks.PlateauLearningRate):
         assert before(callbacks.AverageMetrics, reader)
+        assert before(callbacks.ExactEvaluation, reader)
+    # A checkpoint keeps the state of the decisions made at the same epoch's end.
+    for decision in (callbacks.EarlyStopping, callbacks.PlateauLearningRate):
+        assert before(decision, callbacks.PeriodicCheckpoint)
+        assert before(decision, callbacks.TrackPosition)
     assert before(callbacks.LearningRateWarmup, callbacks.ScheduledLearningRate)
     assert before(callbacks.PeriodicCheckpoint, callbacks.CommitState)
     # A stop at an epoch's end comes after that epoch's checkpoint and records.

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hvdtrain import atomic_files, checkpoint, fit, training_state
-from hvdtrain.callbacks.periodic_checkpoint import monitor_mode
+from hvdtrain.callbacks.base import monitor_mode
 from hvdtrain.errors import UsageError
 from hvdtrain.training_state import Position
 
@@ -31,6 +31,14 @@ def test_save_then_read_gives_the_same_values_and_position(tmp_path):
     for a, b in zip(values, read):
         np.testing.assert_array_equal(a, b)
     assert [p.name for p in tmp_path.iterdir()] == ["epoch-0003-step-000005"]
+    assert found.callbacks == {}
+
+
+def test_the_state_of_callbacks_is_kept_with_the_variables(tmp_path):
+    states = {"early_stopping": {"wait": 2, "best": 0.5, "best_epoch": 3, "stopped_epoch": 0}}
+    checkpoint.save(tmp_path, [np.zeros(2)], _position(1), {}, callbacks=states)
+    found, _ = checkpoint.read(tmp_path / "epoch-0001-step-000010")
+    assert found.callbacks == states
 
 
 @pytest.mark.parametrize("epoch, step, shown", [

@@ -68,7 +68,7 @@ def test_boolean_options_read_true_and_false():
 @pytest.mark.parametrize("name, option, message", [
     ("text_transformer", "dropout=nan", "--option=dropout=nan: must be in [0, 1)"),
     ("text_transformer", "dropout=1.5", "--option=dropout=1.5: must be in [0, 1)"),
-    ("cifar10_resnet", "weight_decay=-inf", "--option=weight_decay=-inf: must be >= 0"),
+    ("cifar10_resnet", "l2=-inf", "--option=l2=-inf: must be >= 0"),
     ("wide_and_deep", "table_rows=0", "--option=table_rows=0: must be >= 26"),
 ])
 def test_numeric_options_are_checked_against_their_range(name, option, message):

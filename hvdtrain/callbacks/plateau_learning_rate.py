@@ -1,0 +1,98 @@
+"""The learning rate lowered when a metric stops improving
+(--lr_schedule=plateau)."""
+
+import keras
+from absl import logging
+
+from hvdtrain.callbacks.base import KeptState, monitor_mode
+from hvdtrain.callbacks.learning_rate_schedule import ScheduledLearningRate
+
+__all__ = ["PlateauLearningRate"]
+
+
+class PlateauLearningRate(KeptState, ScheduledLearningRate):
+    """After warm-up, the scaled rate times `factor` for each time `monitor`
+    has not improved for `patience` epochs, as Keras's ReduceLROnPlateau
+    decides it (min_delta, cooldown), on metrics averaged over the workers
+    (put it after AverageMetrics and ExactEvaluation: callbacks.ORDER), so
+    that every rank lowers its rate at the same epoch.
+
+    Unlike Keras's callback it counts the lowerings and sets the rate as the
+    other schedules do: at every step, with momentum correction, from the
+    rate scaled for the workers there are (a run resumed on another number
+    of workers keeps its lowerings). The count, and Keras's own state, are
+    kept in checkpoints.
+
+    Args:
+        monitor: The metric watched (e.g. "val_loss").
+        initial_lr: The rate after warm-up, scaled for the workers.
+        factor: What each lowering multiplies the rate by, in (0, 1).
+        patience: Epochs without improvement before a lowering.
+        warmup_epochs: Epochs of warm-up; the epochs that begin after it count.
+        steps_per_epoch: As in ScheduledLearningRate.
+        min_delta: The least change that counts as an improvement.
+        state: A state from `get_state` to go on from; None: none lowered yet.
+    """
+
+    state_key = "plateau"
+
+    def __init__(self, monitor, initial_lr, factor, patience, warmup_epochs, steps_per_epoch,
+                 min_delta=1e-4, state=None):
+        self.lowerings = 0
+        super().__init__(initial_lr, lambda epoch: factor ** self.lowerings,
+                         start_epoch=warmup_epochs, staircase=False,
+                         steps_per_epoch=steps_per_epoch)
+        self._judge = _CountLowerings(self, monitor=monitor, factor=factor, patience=patience,
+                                      min_delta=min_delta)
+        self._restored = state
+        self._started = False
+
+    def set_model(self, model):
+        super().set_model(model)
+        self._judge.set_model(model)
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        # A run resumed mid-epoch fits twice: the count goes on across both.
+        if self._started:
+            return
+        self._started = True
+        self._judge.on_train_begin(logs)
+        if self._restored:
+            self.set_state(self._restored)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch >= self.start_epoch:
+            self._judge.on_epoch_end(epoch, logs)
+        super().on_epoch_end(epoch, logs)
+
+    def get_state(self):
+        judge = self._judge
+        return dict(lowerings=self.lowerings, wait=judge.wait,
+                    best=None if judge.best is None else float(judge.best),
+                    cooldown_counter=judge.cooldown_counter)
+
+    def set_state(self, state):
+        self.lowerings = state["lowerings"]
+        self._judge.wait, self._judge.best = state["wait"], state["best"]
+        self._judge.cooldown_counter = state["cooldown_counter"]
+
+
+class _CountLowerings(keras.callbacks.ReduceLROnPlateau):
+    """Keras's decision when to lower the rate; the lowering itself is
+    counted in `owner`, which sets the rate."""
+
+    def __init__(self, owner, **kwargs):
+        super().__init__(**kwargs)
+        self.owner = owner
+
+    def _set_monitor_op(self):
+        self.mode = monitor_mode(self.model, self.monitor)
+        super()._set_monitor_op()
+
+    def _reduce_optimizer_lr(self, optimizer, epoch, name=""):
+        self.owner.lowerings += 1
+        logging.info("epoch %d: %s has not improved for %d epoch(s): learning rate x %g "
+                     "(lowered %d time(s))", epoch + 1, self.monitor, self.wait, self.factor,
+                     self.owner.lowerings)
+        return True

@@ -1,0 +1,253 @@
+"""`hvdtrain evaluate`: a trained model, or one of its run's checkpoints,
+evaluated on a split of its recipe's data by every worker, each example
+counted once.
+
+Rank 0 reads what is evaluated (the exported `model.keras`, or a checkpoint)
+and the settings of the run that made it (the checkpoint's, or the run log's
+start), and every rank builds the recipe's model as that run did; rank 0's
+weights reach the others by a broadcast, so the model directory need not be
+shared between hosts. A checkpoint of a run with --ema_momentum is evaluated
+on its moving averages, as its validation was. The metrics are exact over
+the whole split, as validation's are (callbacks.ExactEvaluation): evaluating
+the validation split gives what training reported for the same weights.
+"""
+
+import dataclasses
+import json
+import pathlib
+
+import horovod.tensorflow as hvd
+import keras
+import tensorflow as tf
+
+from hvdtrain import (atomic_files, checkpoint, collectives, compiled_model, export, run_log,
+                      runtime, training_state, watchdog)
+from hvdtrain import recipe as recipe_lib
+from hvdtrain.callbacks import ExactEvaluation
+from hvdtrain.config import TrainConfig
+from hvdtrain.data import input_errors
+from hvdtrain.errors import UsageError
+from hvdtrain.model_dir import DEFAULT_PARENT
+
+__all__ = ["Evaluation", "VALIDATION", "evaluate"]
+
+VALIDATION = "validation"   # the split training validates on (Recipe.load_data)
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """What `evaluate` returns, on every rank.
+
+    Attributes:
+        source: What was evaluated: the `.keras` file or the checkpoint's directory.
+        split: The split's name.
+        metrics: {name: value}, over the whole split.
+        examples: The examples in the split, each counted once.
+        workers: The processes that evaluated it.
+        path: The JSON file rank 0 wrote the evaluation to.
+    """
+    source: pathlib.Path
+    split: str
+    metrics: dict
+    examples: int
+    workers: int
+    path: pathlib.Path
+
+
+def evaluate(config, split=VALIDATION, checkpoint_name=None, output=None, recipe_given=False):
+    """Evaluates a run's model on a split of its recipe's data. Call it on
+    every process; it calls `hvdtrain.init` itself.
+
+    Args:
+        config: The settings given: `model_dir` (the run's), and any that
+            change how it is evaluated (`batch_size`, `data_dir`, threads);
+            the run's recorded settings fill in the others.
+        split: "validation" (what training validated on) or a split the
+            recipe names in `Recipe.evaluation_splits`.
+        checkpoint_name: A checkpoint of the run (its directory's name under
+            `model_dir/checkpoints`, or its path) to evaluate instead of the
+            exported model.
+        output: The JSON file to write; default `model_dir/evaluation-SPLIT.json`
+            (with `-CHECKPOINT` before `.json` for a checkpoint).
+        recipe_given: Whether `config.recipe` was asked for explicitly; then
+            it must be the run's.
+
+    Returns:
+        An `Evaluation`.
+
+    Raises:
+        UsageError: On every rank, with one line: no model or no such
+            checkpoint, a damaged one, one of another recipe or that does not
+            fit the recipe's model, an unknown split, or bad data.
+    """
+    model_dir = pathlib.Path(config.model_dir
+                             or DEFAULT_PARENT / recipe_lib.get(config.recipe).name)
+    runtime.init(config.intra_op_threads, config.inter_op_threads,
+                 stall_timeout=config.stall_timeout, verbose_all_ranks=config.verbose_all_ranks)
+    try:
+        return _evaluate(config, model_dir, split, checkpoint_name, output, recipe_given)
+    finally:
+        runtime.stop_watching()
+
+
+def _evaluate(given, model_dir, split, checkpoint_name, output, recipe_given):
+    watchdog.progress("reading the model")
+    source, settings, stored, error = None, None, None, None
+    if runtime.is_main_process():
+        try:
+            source, settings, stored = _read(model_dir, checkpoint_name)
+        except UsageError as e:
+            error = e
+    collectives.raise_together(error)
+    source, settings = hvd.broadcast_object((source, settings), root_rank=0,
+                                            name="hvdtrain.evaluate.source")
+    config = _settings(given, settings, source, recipe_given)
+    recipe = recipe_lib.get(config.recipe)
+    load_split = _split_loader(recipe, split)
+    # The run's precision, before any layer is made.
+    keras.mixed_precision.set_global_policy(config.precision)
+    keras.utils.set_random_seed(config.seed)
+    watchdog.progress("building the model")
+    model = compiled_model.compile_model(recipe.build_model(config), recipe, config)
+    error = None
+    if runtime.is_main_process():
+        try:
+            _load(model, recipe.name, source, stored)
+        except UsageError as e:
+            error = e
+    collectives.raise_together(error)
+    collectives.broadcast_variables(model.variables, root_rank=0)
+
+    watchdog.progress("loading data")
+    data = load_split(config)
+    try:
+        metrics = model.evaluate(watchdog.counted(data.batches()), steps=data.steps, verbose=0,
+                                 return_dict=True, callbacks=[ExactEvaluation(data.steps)])
+    except tf.errors.OpError as e:
+        reason = input_errors.usage_error(e, data)
+        if reason is None:
+            raise
+        raise reason from None
+    metrics = {name: float(value) for name, value in metrics.items()}
+    path = pathlib.Path(output or model_dir / _output_name(split, checkpoint_name and source))
+    if runtime.is_main_process():
+        atomic_files.write_whole(path, json.dumps(dict(
+            source=str(source), split=split, recipe=config.recipe, examples=data.examples,
+            workers=hvd.size(), batch_size=config.batch_size, metrics=metrics), indent=1) + "\n")
+    return Evaluation(source, split, metrics, data.examples, hvd.size(), path)
+
+
+def _read(model_dir, checkpoint_name):
+    """(source, the run's settings or None, the checkpoint as
+    checkpoint.read returns it or None), on rank 0."""
+    if checkpoint_name:
+        path = _checkpoint_path(model_dir, checkpoint_name)
+        try:
+            stored = checkpoint.read(path)
+        except checkpoint.CorruptCheckpoint as e:
+            raise UsageError(f"checkpoint {path} is damaged ({e}); evaluate another "
+                             "--checkpoint, or the exported model") from None
+        return path, stored[0].settings, stored
+    path = model_dir / export.KERAS_FILE
+    if not path.is_file():
+        kept = checkpoint.listed(model_dir / "checkpoints")
+        hint = (f"evaluate a checkpoint with --checkpoint=NAME ({_names(kept)})" if kept else
+                "train one there (with --export, the default), or point --model_dir at a run")
+        raise UsageError(f"no model to evaluate: {path} does not exist; {hint}")
+    starts = [r for r in _log_records(model_dir) if r.get("event") == "start"]
+    return path, starts[-1]["config"] if starts else None, None
+
+
+def _checkpoint_path(model_dir, name):
+    directory = model_dir / "checkpoints"
+    path = pathlib.Path(name) if "/" in name else directory / name
+    if not path.is_dir():
+        raise UsageError(f"no checkpoint {name} in {directory}; "
+                         f"{_names(checkpoint.listed(directory)) or 'it holds none'}")
+    return path
+
+
+def _names(paths):
+    return f"there: {', '.join(p.name for p in paths)}" if paths else ""
+
+
+def _log_records(model_dir):
+    try:
+        return run_log.read(model_dir)
+    except (OSError, ValueError):
+        return []   # no log, or not one of ours: the flags and the recipe's defaults apply
+
+
+def _settings(given, recorded, source, recipe_given):
+    """The settings to evaluate with: the run's, under those given."""
+    if recorded is None:
+        return given
+    if recipe_given and given.recipe != recorded["recipe"]:
+        raise UsageError(f"{source} was trained with recipe {recorded['recipe']}, not "
+                         f"{given.recipe}: evaluate it with --recipe={recorded['recipe']} "
+                         "(or leave --recipe out)")
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    run = TrainConfig(**{k: v for k, v in recorded.items() if k in known})
+    # What evaluating may change; the rest (model, optimizer, precision) is the run's.
+    return run.override(**{name: getattr(given, name) for name in (
+        "batch_size", "data_dir", "intra_op_threads", "inter_op_threads", "model_dir",
+        "verbose_all_ranks")}).override(jit_compile=False)
+
+
+def _split_loader(recipe, split):
+    """(config) -> the split's ShardedDataset, in evaluation order."""
+    if split == VALIDATION:
+        def validation(config):
+            data = recipe.load_data(config).validation
+            if data is None:
+                raise UsageError(f"recipe {recipe.name} has no validation data; "
+                                 f"{_other_splits(recipe)}")
+            return data
+        return validation
+    if split not in recipe.evaluation_splits:
+        raise UsageError(f"recipe {recipe.name} has no split '{split}'; choose one of "
+                         f"{', '.join([VALIDATION, *recipe.evaluation_splits])}")
+    return recipe.evaluation_splits[split]
+
+
+def _other_splits(recipe):
+    names = list(recipe.evaluation_splits)
+    return f"choose one of {', '.join(names)}" if names else "it has nothing to evaluate on"
+
+
+def _load(model, recipe_name, source, stored):
+    """Sets `model`'s weights (rank 0) from the checkpoint `stored`
+    (checkpoint.read's), or from the `.keras` file `source`."""
+    if stored is not None:
+        found, values = stored
+        optimizer = model.optimizer
+        optimizer.build(model.trainable_variables)
+        checkpoint.assign(training_state.training_variables(model), found, values)
+        # What validation evaluated: the weights' moving average, if kept.
+        optimizer.finalize_variable_values(model.trainable_weights)
+        return
+    try:
+        trained = keras.saving.load_model(source, compile=False)
+    except Exception as e:   # Keras raises many kinds for a file it cannot read
+        raise UsageError(f"cannot load {source} ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}); export it again") from None
+    mismatch = _mismatch(model.weights, trained.weights)
+    if mismatch:
+        raise UsageError(f"the model in {source} does not fit recipe {recipe_name}'s: {mismatch}; "
+                         "evaluate it with the recipe and --option values that trained it")
+    for weight, value in zip(model.weights, trained.weights):
+        weight.assign(value)
+
+
+def _mismatch(expected, found):
+    if len(expected) != len(found):
+        return f"it has {len(found)} weights, the recipe's model {len(expected)}"
+    for mine, theirs in zip(expected, found):
+        if tuple(mine.shape) != tuple(theirs.shape):
+            return f"{mine.path} has shape {tuple(theirs.shape)} there, {tuple(mine.shape)} here"
+    return None
+
+
+def _output_name(split, checkpoint_path):
+    suffix = f"-{pathlib.Path(checkpoint_path).name}" if checkpoint_path else ""
+    return f"evaluation-{split}{suffix}.json"
