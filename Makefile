@@ -43,6 +43,7 @@ bench: setup
 	python bench/weak_scaling.py
 	python bench/startup.py
 	python bench/preemption.py
+	python bench/step_options.py
 	-bash bench/keras2_env.sh
 	python bench/alternatives.py
 

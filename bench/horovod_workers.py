@@ -5,6 +5,9 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
+
+from absl import flags
 
 
 def run(script, output, np=2, controller="gloo", **flags):
@@ -17,3 +20,16 @@ def run(script, output, np=2, controller="gloo", **flags):
     subprocess.run(command, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                    stdout=subprocess.DEVNULL)
     return json.loads(pathlib.Path(output).read_text())
+
+
+def main(launch, work):
+    """The absl main of a benchmark run by `run`: `launch()` when started by
+    hand, `work(scratch)` in a worker (its --worker flag), with a scratch
+    folder of its own."""
+    def run_one(argv):
+        if not flags.FLAGS.worker:
+            launch()
+            return
+        with tempfile.TemporaryDirectory() as scratch:
+            work(scratch)
+    return run_one

@@ -30,7 +30,6 @@ import contextlib
 import json
 import pathlib
 import statistics
-import tempfile
 import time
 
 from absl import app, flags
@@ -73,7 +72,8 @@ def work(scratch):
     import keras
 
     import hvdtrain
-    from hvdtrain import callbacks as hvdtrain_callbacks, optimizer, recipe as recipe_lib, trainer
+    from hvdtrain import callbacks as hvdtrain_callbacks, compiled_model, optimizer
+    from hvdtrain import recipe as recipe_lib, trainer
 
     hvdtrain.init(intra_op_threads=FLAGS.intra_op_threads)
     recipe = recipe_lib.get(RECIPE)
@@ -91,7 +91,7 @@ def work(scratch):
 
     # As trainer.train sets up a run (one worker: the rate needs no scaling).
     hvd_model = model(hvdtrain.DistributedOptimizer(
-        trainer._optimizer(config, config.learning_rate), average_aggregated_gradients=True))
+        compiled_model.keras_optimizer(config, config.learning_rate), average_aggregated_gradients=True))
     # With its stop vote in the step, as a run that stops cleanly on a signal.
     vote = hvdtrain_callbacks.StopVote()
     optimizer.add_step_exchange(hvd_model.optimizer, vote.exchange)
@@ -101,7 +101,7 @@ def work(scratch):
         splits.validation.steps, start=(0, 0), resumed=False)
     hvd_callbacks, hvd_meter = started.ordered, started.meter
 
-    keras_model = model(trainer._optimizer(config, config.learning_rate))
+    keras_model = model(compiled_model.keras_optimizer(config, config.learning_rate))
     keras_train = recipe.load_data(config).train
     keras_meter = hvdtrain_callbacks.Throughput(config.batch_size, config.throughput_warmup_steps,
                                                 config.throughput_window_steps)
@@ -163,13 +163,5 @@ def _timed(hook, calls):
     return timed
 
 
-def main(argv):
-    if not FLAGS.worker:
-        launch()
-        return
-    with tempfile.TemporaryDirectory() as scratch:
-        work(scratch)
-
-
 if __name__ == "__main__":
-    app.run(main)
+    app.run(horovod_workers.main(launch, work))

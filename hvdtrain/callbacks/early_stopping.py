@@ -17,20 +17,21 @@ class EarlyStopping(KeptState, keras.callbacks.EarlyStopping):
     Its count (epochs since the best value, the best value, where it
     stopped) is kept in checkpoints: a resumed run goes on counting where
     the interrupted one stood, and a run that stopped early stays stopped.
-    Better is the direction the metric declares, as for the best checkpoint
-    (callbacks.base.monitor_mode).
 
     Args:
         monitor: The metric watched (e.g. "val_loss").
         patience: Epochs without improvement after which training stops.
         min_delta: The least change that counts as an improvement.
+        mode: "min" or "max": the direction in which the metric improves;
+            "auto": the one it declares, as for the best checkpoint
+            (callbacks.base.monitor_mode).
         state: A state from `get_state` to go on from; None: a new count.
     """
 
     state_key = "early_stopping"
 
-    def __init__(self, monitor, patience, min_delta=0.0, state=None):
-        super().__init__(monitor=monitor, patience=patience, min_delta=min_delta)
+    def __init__(self, monitor, patience, min_delta=0.0, mode="auto", state=None):
+        super().__init__(monitor=monitor, patience=patience, min_delta=min_delta, mode=mode)
         self._restored = state
         self._started = False
 
@@ -44,7 +45,8 @@ class EarlyStopping(KeptState, keras.callbacks.EarlyStopping):
             self.set_state(self._restored)
 
     def _set_monitor_op(self):
-        self.mode = monitor_mode(self.model, self.monitor)
+        if self.mode == "auto":
+            self.mode = monitor_mode(self.model, self.monitor)
         super()._set_monitor_op()
 
     def on_epoch_end(self, epoch, logs=None):

@@ -31,19 +31,21 @@ class PlateauLearningRate(KeptState, ScheduledLearningRate):
         warmup_epochs: Epochs of warm-up; the epochs that begin after it count.
         steps_per_epoch: As in ScheduledLearningRate.
         min_delta: The least change that counts as an improvement.
+        mode: "min", "max", or "auto" (the direction the metric declares:
+            callbacks.base.monitor_mode).
         state: A state from `get_state` to go on from; None: none lowered yet.
     """
 
     state_key = "plateau"
 
     def __init__(self, monitor, initial_lr, factor, patience, warmup_epochs, steps_per_epoch,
-                 min_delta=1e-4, state=None):
+                 min_delta=1e-4, mode="auto", state=None):
         self.lowerings = 0
         super().__init__(initial_lr, lambda epoch: factor ** self.lowerings,
                          start_epoch=warmup_epochs, staircase=False,
                          steps_per_epoch=steps_per_epoch)
         self._judge = _CountLowerings(self, monitor=monitor, factor=factor, patience=patience,
-                                      min_delta=min_delta)
+                                      min_delta=min_delta, mode=mode)
         self._restored = state
         self._started = False
 
@@ -87,7 +89,8 @@ class _CountLowerings(keras.callbacks.ReduceLROnPlateau):
         self.owner = owner
 
     def _set_monitor_op(self):
-        self.mode = monitor_mode(self.model, self.monitor)
+        if self.mode == "auto":
+            self.mode = monitor_mode(self.model, self.monitor)
         super()._set_monitor_op()
 
     def _reduce_optimizer_lr(self, optimizer, epoch, name=""):

@@ -1,10 +1,11 @@
 """bench/allreduce_bandwidth.py, np1_overhead.py, weak_scaling.py,
-startup.py and preemption.py at tiny sizes: each runs and writes the JSON
-its report is made from, with positive times and its ratios computed. Their
-numbers mean nothing at these sizes, so the five run at once (the first test
-waits)."""
+startup.py, preemption.py and step_options.py at tiny sizes: each runs and
+writes the JSON its report is made from, with positive times and its ratios
+computed. Their numbers mean nothing at these sizes, so the six run at once
+(the first test waits)."""
 
 import json
+import statistics
 import sys
 import time
 
@@ -21,6 +22,8 @@ FLAGS = {
     "startup": ["--rounds=1", "--checkpoint_cost_flags=--np=1,--epochs=2,--saves=1,--steps=1,"
                 "--batch_size=1"],
     "preemption": ["--rounds=1", "--epochs=2", "--stops=SIGTERM:1"],
+    "step_options": ["--epochs=3", "--steps=12", "--batch_size=4", "--image_size=8",
+                     "--warmup_steps=2", "--window_steps=3"],
 }
 
 
@@ -130,3 +133,14 @@ def test_preemption(outputs):
     # (Whether each says 200 is the trainer's to test: here the report must say it.)
     assert stop["horovodrun_status"] == 1 and set(stop["rank_statuses"]) == {"0", "1"}
     assert stop["ranks_preempted"] == (stop["rank_statuses"] == {"0": 200, "1": 200})
+
+
+def test_step_options(outputs):
+    results = load(outputs["step_options"])
+    plain = results["rates"]["plain"]
+    assert len(plain) == 2 and all(rate > 0 for rate in plain)
+    for name in ("xla", "profiled"):
+        ratios = [a / b for a, b in zip(results["rates"][name], plain)]
+        assert results["ratios"][name] == pytest.approx(ratios)
+        assert results["ratio"][name] == pytest.approx(statistics.median(ratios))
+    assert results["noise"] == [pytest.approx(plain[1] / plain[0])] * 2

@@ -8,7 +8,7 @@ import momentum_reference
 from launch import horovodrun, worker
 
 # As in workers/lr_schedules.py.
-STEPS, GLOBAL_BATCH, EPOCHS, LR, SIZE = 3, 8, 3, 0.05, 2
+STEPS, GLOBAL_BATCH, EPOCHS, LR, SIZE, WEIGHT_DECAY = 3, 8, 3, 0.05, 2, 0.5
 
 
 def _global_batches():
@@ -25,21 +25,26 @@ def runs(tmp_path_factory):
     result = horovodrun([*worker("lr_schedules"), out])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return {name: [np.load(out / f"{name}.rank{r}.npz") for r in range(SIZE)]
-            for name in ("warmup", "fractional_warmup", "decay")}
+            for name in ("warmup", "fractional_warmup", "decay", "warmup_nesterov_decay",
+                         "warmup_rmsprop_decay")}
 
 
-def _check_training(ranks, lrs, rule):
+def _check_training(ranks, lrs, rule, weight_decay=0.0):
     rank0, rank1 = ranks
     for key in ("lrs", "w", "b"):
         np.testing.assert_array_equal(rank0[key], rank1[key], err_msg=key)
     np.testing.assert_allclose(rank0["lrs"], lrs, rtol=1e-6)
     initial = (rank0["w0"], rank0["b0"])
-    expected = momentum_reference.train(*initial, _global_batches(), lrs, LR, 0.9, rule)
+    expected = momentum_reference.train(*initial, _global_batches(), lrs, LR, 0.9, rule,
+                                        weight_decay=weight_decay)
     for actual, wanted in zip((rank0["w"], rank0["b"]), expected):
         np.testing.assert_allclose(actual, wanted, rtol=1e-5, atol=1e-6)
     uncorrected = momentum_reference.train(*initial, _global_batches(), lrs, LR, 0.9, rule,
-                                           corrected=False)
+                                           corrected=False, weight_decay=weight_decay)
     assert not np.allclose(rank0["w"], uncorrected[0], rtol=1e-4, atol=1e-5)
+    if weight_decay:
+        undecayed = momentum_reference.train(*initial, _global_batches(), lrs, LR, 0.9, rule)
+        assert not np.allclose(rank0["w"], undecayed[0], rtol=1e-4, atol=1e-5)
 
 
 def test_warmup_follows_horovods_formula_with_momentum_correction(runs):
@@ -61,3 +66,15 @@ def test_a_fractional_warmup_holds_the_full_rate_from_where_it_ends(runs):
 
 def test_staircase_decay_with_nesterov_momentum_correction(runs):
     _check_training(runs["decay"], [LR] * STEPS + [LR] * STEPS + [LR / 2] * STEPS, "nesterov")
+
+
+def _warmup_rates():
+    return [LR / SIZE * ((e + (b + 1) / STEPS) * (SIZE - 1) / 2 + 1)
+            for e in range(2) for b in range(STEPS)] + [LR] * STEPS
+
+
+@pytest.mark.parametrize("name, rule", [("warmup_nesterov_decay", "nesterov"),
+                                        ("warmup_rmsprop_decay", "rmsprop")])
+def test_warmup_corrects_the_momentum_of_every_optimizer_that_has_one_with_weight_decay(
+        runs, name, rule):
+    _check_training(runs[name], _warmup_rates(), rule, weight_decay=WEIGHT_DECAY)

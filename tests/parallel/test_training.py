@@ -18,6 +18,8 @@ def test_ranks_end_with_bit_identical_weights(tmp_path, controller):
                    controller=controller))
     rank0, rank1 = np.load(tmp_path / "rank0.npz"), np.load(tmp_path / "rank1.npz")
     assert rank0.files == rank1.files and len(rank0.files) > 10
+    # The weights' moving average (--ema_momentum) too.
+    assert any(name.endswith("_average") for name in rank0.files)
     for name in rank0.files:
         np.testing.assert_array_equal(rank0[name], rank1[name], err_msg=name)
     # The same averaged metrics on both ranks; the learning rate warmed up
@@ -77,6 +79,7 @@ def test_initial_state_is_broadcast_from_rank_0(tmp_path, controller):
     rank0, rank1 = np.load(tmp_path / "rank0.npz"), np.load(tmp_path / "rank1.npz")
     names = [n.removeprefix("before:") for n in rank0.files if n.startswith("before:")]
     assert any("adam" in n for n in names) and any("kernel" in n for n in names)
+    assert any(n.endswith("_average") for n in names)
     for name in names:
         assert not np.array_equal(rank0[f"before:{name}"], rank1[f"before:{name}"]), name
         np.testing.assert_array_equal(rank1[f"after:{name}"], rank0[f"before:{name}"], err_msg=name)

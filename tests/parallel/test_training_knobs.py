@@ -97,6 +97,22 @@ KNOBS = [f"--recipe={FAULTS}", "--epochs=3", "--optimizer=adamw", "--weight_deca
          "--deterministic", "--checkpoint_steps=10", "--keep_checkpoints=20"]
 
 
+def _profiled_steps(model_dir):
+    """The steps each TensorFlow profile under `model_dir` recorded, per trace file."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    traces = {}
+    for path in (model_dir / "tensorboard" / "train" / "plugins" / "profile").glob("*/*.pb"):
+        space = xplane_pb2.XSpace()
+        space.ParseFromString(path.read_bytes())
+        traces[path] = sorted(
+            stat.int64_value for plane in space.planes for line in plane.lines
+            for event in line.events
+            if plane.event_metadata[event.metadata_id].name == "train"
+            for stat in event.stats if plane.stat_metadata[stat.metadata_id].name == "step_num")
+    return list(traces.values())
+
+
 def _average_of(path, weights):
     """The moving averages a checkpoint holds, in the order of the weights."""
     found, values = checkpoint.read(path)
@@ -108,8 +124,11 @@ def _average_of(path, weights):
 
 def test_the_moving_average_is_validated_checkpointed_resumed_and_exported(tmp_path):
     reference = tmp_path / "reference"
-    output = _ok(horovodrun(["hvdtrain", "train", f"--model_dir={reference}", *KNOBS]))
+    output = _ok(horovodrun(["hvdtrain", "train", f"--model_dir={reference}", *KNOBS,
+                             "--profile_steps=30:34"]))
     assert "Compiled cluster using XLA" in output
+    # Rank 0's profile of its window only, across the first epoch's end (32 steps).
+    assert _profiled_steps(reference) == [[30, 31, 32, 33, 34]]
     exported = keras.saving.load_model(reference / "model.keras").get_weights()
     newest = checkpoint.listed(reference / "checkpoints")[0]
     assert newest.name == "epoch-0003-step-000032"
@@ -126,6 +145,11 @@ def test_the_moving_average_is_validated_checkpointed_resumed_and_exported(tmp_p
     metrics = json.loads((reference / "evaluation-validation.json").read_text())["metrics"]
     assert metrics == {"accuracy": pytest.approx(reported["val_accuracy"], rel=1e-6),
                        "loss": pytest.approx(reported["val_loss"], rel=1e-6)}
+    # So does the last checkpoint, on the moving averages it holds.
+    _ok(horovodrun(["hvdtrain", "evaluate", f"--model_dir={reference}",
+                    "--checkpoint=epoch-0003-step-000032"]))
+    assert json.loads((reference / "evaluation-validation-epoch-0003-step-000032.json")
+                      .read_text())["metrics"] == pytest.approx(metrics, rel=1e-6)
 
     # Resumed from the middle of epoch 2, the run ends where the reference did.
     resumed = tmp_path / "resumed"

@@ -162,3 +162,19 @@ def test_meta_is_readable_json(tmp_path):
     _save(tmp_path, 1, metric=0.5)
     meta = json.loads((tmp_path / "epoch-0001-step-000010" / checkpoint.META).read_text())
     assert meta["position"]["epoch"] == 1 and meta["shapes"] == [[3, 2], [4]]
+
+
+@pytest.mark.parametrize("saved, now, message", [
+    (dict(optimizer="adam"), dict(optimizer="sgd"), "was written with --optimizer=adam"),
+    (dict(), dict(ema_momentum=0.99), "was written without --ema_momentum; resume the same way"),
+    (dict(ema_momentum=0.9), dict(), "was written with --ema_momentum=0.9; resume the same way"),
+])
+def test_resuming_with_settings_that_shape_the_state_otherwise_is_refused(tmp_path, saved, now,
+                                                                         message):
+    import dataclasses
+
+    from hvdtrain.config import TrainConfig
+
+    checkpoint.save(tmp_path, [np.zeros(2)], _position(1), dataclasses.asdict(TrainConfig(**saved)))
+    with pytest.raises(UsageError, match=message):
+        checkpoint._load_newest(None, tmp_path, TrainConfig(**now))

@@ -1,5 +1,6 @@
-"""Each rank builds a model and an Adam optimizer and gives every variable
-(weights, slots, iteration count) the value rank + 1; then
+"""Each rank builds a model and an Adam optimizer with the weights' moving
+average and gives every variable (weights, slots, averages, iteration
+count) the value rank + 1; then
 BroadcastInitialState runs as at the start of fit. Each rank writes its
 variables before and after to OUT/rank<r>.npz."""
 
@@ -13,7 +14,8 @@ import hvdtrain
 out = sys.argv[1]
 hvdtrain.init()
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
-model.compile(optimizer=hvdtrain.DistributedOptimizer(keras.optimizers.Adam()), loss="mse")
+model.compile(optimizer=hvdtrain.DistributedOptimizer(keras.optimizers.Adam(use_ema=True)),
+              loss="mse")
 model.optimizer.build(model.trainable_variables)
 variables = model.variables + model.optimizer.variables
 for variable in variables:

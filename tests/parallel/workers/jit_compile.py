@@ -1,4 +1,10 @@
-"""Trains a small model with DistributedOptimizer and jit_compile=JIT (0/1)."""
+"""XLA and the distributed optimizer. MODE "whole": a model compiled with
+jit_compile=True trains (Horovod's collectives inside XLA: refused). MODE
+"split": for each optimizer setting of PAIRS, two models from the same
+initial weights take STEPS steps on the same global batches (GLOBAL_BATCH
+fixed examples, each rank on its share), one compiled by
+hvdtrain.jit_compile, one not; each rank writes both models' weights to
+OUT/rank<r>.npz."""
 
 import sys
 
@@ -6,11 +12,45 @@ import keras
 import numpy as np
 
 import hvdtrain
+from shares import rank_rows
 
-hvdtrain.init()
-model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-model.compile(optimizer=hvdtrain.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse",
-              jit_compile=sys.argv[1] == "1")
-x = np.ones((8, 3), "float32")
-model.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0)
+STEPS, GLOBAL_BATCH = 2, 16
+PAIRS = {
+    "sgd_momentum": lambda: hvdtrain.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)),
+    # The update compiled holds clipping, decoupled weight decay and the moving average.
+    "adamw_ema_clipnorm": lambda: hvdtrain.DistributedOptimizer(keras.optimizers.AdamW(
+        0.01, weight_decay=0.1, clipnorm=0.5, use_ema=True, ema_momentum=0.5)),
+    # The update compiled inside the branch that applies the accumulated gradients.
+    "accumulated": lambda: hvdtrain.DistributedOptimizer(
+        keras.optimizers.SGD(0.1), backward_passes_per_step=2, average_aggregated_gradients=True),
+}
+
+
+def train(make_optimizer, jit):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(STEPS * GLOBAL_BATCH, 5)).astype("float32")
+    y = rng.integers(0, 3, STEPS * GLOBAL_BATCH)
+    share = GLOBAL_BATCH // hvdtrain.size()
+    mine = rank_rows(STEPS, GLOBAL_BATCH)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(3)])
+    model.compile(optimizer=make_optimizer(),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], jit_compile=MODE == "whole")
+    if jit:
+        hvdtrain.jit_compile(model)
+    model.fit(x[mine], y[mine], batch_size=share, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvdtrain.callbacks.BroadcastInitialState(0)])
+    return model.get_weights()
+
+
+MODE = sys.argv[1]
+hvdtrain.init(intra_op_threads=1)
+if MODE == "whole":
+    train(PAIRS["sgd_momentum"], jit=False)
+else:
+    weights = {f"{name}:{jit}:{i}": w for name, make in PAIRS.items() for jit in (False, True)
+               for i, w in enumerate(train(make, jit))}
+    np.savez(f"{sys.argv[2]}/rank{hvdtrain.rank()}.npz", **weights)
 print("trained")

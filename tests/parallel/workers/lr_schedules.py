@@ -1,12 +1,15 @@
 """Fits least squares (one Dense(1) layer, distributed SGD with momentum)
 under a learning-rate callback, each rank on its half of every global batch,
 and writes the rate each batch started with and the weights before and after
-to OUT/<run>.rank<r>.npz, for two runs:
+to OUT/<run>.rank<r>.npz, for these runs:
 
   warmup: LearningRateWarmupCallback (2 epochs) then an epoch at full rate;
   fractional_warmup: the same over 1.5 epochs, ending inside epoch 2;
   decay:  LearningRateScheduleCallback with a constant multiplier (exponential
-          decay per epoch from epoch 1), Nesterov momentum.
+          decay per epoch from epoch 1), Nesterov momentum;
+  warmup_nesterov_decay, warmup_rmsprop_decay: the warm-up of `warmup` with
+          Nesterov SGD, and RMSprop with momentum, each with decoupled
+          weight decay (WEIGHT_DECAY).
 
 The data: GLOBAL_BATCH x STEPS rows, seeded; see tests/parallel/test_lr_callbacks.py.
 """
@@ -18,8 +21,9 @@ import numpy as np
 
 import hvdtrain
 import hvdtrain.keras
+from shares import rank_rows
 
-STEPS, GLOBAL_BATCH, EPOCHS, LR = 3, 8, 3, 0.05
+STEPS, GLOBAL_BATCH, EPOCHS, LR, WEIGHT_DECAY = 3, 8, 3, 0.05, 0.5
 
 
 def data():
@@ -29,18 +33,15 @@ def data():
     return x, y
 
 
-def run(name, callback, nesterov=False):
+def run(name, callback, optimizer=None):
     x, y = data()
-    # Rank r's rows of each global batch: its r-th half.
     half = GLOBAL_BATCH // hvdtrain.size()
-    mine = np.concatenate([np.arange(s * GLOBAL_BATCH + hvdtrain.rank() * half,
-                                     s * GLOBAL_BATCH + (hvdtrain.rank() + 1) * half)
-                           for s in range(STEPS)])
+    mine = rank_rows(STEPS, GLOBAL_BATCH)
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     initial = model.get_weights()
     model.compile(optimizer=hvdtrain.DistributedOptimizer(
-        keras.optimizers.SGD(LR, momentum=0.9, nesterov=nesterov)), loss="mse")
+        optimizer or keras.optimizers.SGD(LR, momentum=0.9)), loss="mse")
     seen = []
 
     class Record(keras.callbacks.Callback):
@@ -59,4 +60,8 @@ hvdtrain.init()
 run("warmup", hvdtrain.keras.callbacks.LearningRateWarmupCallback(LR, warmup_epochs=2))
 run("fractional_warmup", hvdtrain.keras.callbacks.LearningRateWarmupCallback(LR, warmup_epochs=1.5))
 run("decay", hvdtrain.keras.callbacks.LearningRateScheduleCallback(LR, 0.5, start_epoch=1),
-    nesterov=True)
+    keras.optimizers.SGD(LR, momentum=0.9, nesterov=True))
+run("warmup_nesterov_decay", hvdtrain.keras.callbacks.LearningRateWarmupCallback(LR, 2),
+    keras.optimizers.SGD(LR, momentum=0.9, nesterov=True, weight_decay=WEIGHT_DECAY))
+run("warmup_rmsprop_decay", hvdtrain.keras.callbacks.LearningRateWarmupCallback(LR, 2),
+    keras.optimizers.RMSprop(LR, momentum=0.9, weight_decay=WEIGHT_DECAY))

@@ -14,6 +14,7 @@ import numpy as np
 import hvdtrain
 from hvdtrain import compiled_model
 from hvdtrain.config import TrainConfig
+from shares import rank_rows
 
 STEPS, GLOBAL_BATCH, LR = 3, 16, 0.05
 # Clipping thresholds well below these gradients' size, so that they bind.
@@ -43,9 +44,7 @@ def data():
 def train(name, settings):
     x, y = data()
     share = GLOBAL_BATCH // hvdtrain.size()
-    mine = np.concatenate([np.arange(s * GLOBAL_BATCH + hvdtrain.rank() * share,
-                                     s * GLOBAL_BATCH + (hvdtrain.rank() + 1) * share)
-                           for s in range(STEPS)])
+    mine = rank_rows(STEPS, GLOBAL_BATCH)
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="tanh"),
                               keras.layers.Dense(2)])

@@ -1,6 +1,6 @@
-"""Trains the default recipe with hvdtrain.train, then every rank (not just
-rank 0) writes its model and optimizer variables to OUT/rank<r>.npz and its
-history to OUT/rank<r>.json."""
+"""Trains the default recipe with hvdtrain.train, keeping a moving average
+of the weights, then every rank (not just rank 0) writes its model and
+optimizer variables to OUT/rank<r>.npz and its history to OUT/rank<r>.json."""
 
 import json
 import sys
@@ -11,7 +11,7 @@ import hvdtrain
 
 out, model_dir = sys.argv[1:]
 config = hvdtrain.recipe.make_config("digits_cnn", model_dir=model_dir, epochs=2, verbose=0,
-                                     data_dir=f"{out}/data")
+                                     data_dir=f"{out}/data", ema_momentum=0.99)
 result = hvdtrain.train(config)
 variables = result.model.variables + result.model.optimizer.variables
 np.savez(f"{out}/rank{hvdtrain.rank()}.npz",
