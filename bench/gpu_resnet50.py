@@ -1,5 +1,6 @@
 """ResNet-50 on synthetic images on one GPU: hvdtrain against plain Keras,
-at float32, mixed_float16 and mixed_bfloat16, in one JSON file.
+and hvdtrain with XLA against without, at float32, mixed_float16 and
+mixed_bfloat16, in one JSON file.
 
     python bench/gpu_resnet50.py                     # one H200: under 10 minutes
     python bench/gpu_resnet50.py --image_size=32 --batch_size=2 --warmup_steps=2 \\
@@ -10,15 +11,17 @@ a GPU's memory belong to a process), in the order float32 keras, float32
 hvdtrain, mixed_float16 keras, ... so that a drift in clock or temperature
 touches both contenders of a precision alike. Both train the same model on
 the same data and are measured the same way:
-  keras     keras.Model.fit with SGD (and, under mixed_float16, the loss
-            scaling Keras adds itself), no XLA: hvdtrain cannot use XLA
-            (Horovod's collectives have no XLA kernels), so this compares
-            everything else;
-  hvdtrain  `hvdtrain.train` with the resnet50_synthetic recipe at np=1:
-            Horovod initialised, DistributedOptimizer, hvdtrain's callbacks.
+  keras         keras.Model.fit with SGD (and, under mixed_float16, the loss
+                scaling Keras adds itself), no XLA;
+  hvdtrain      `hvdtrain.train` with the resnet50_synthetic recipe at np=1:
+                Horovod initialised, DistributedOptimizer, hvdtrain's
+                callbacks, no XLA;
+  hvdtrain_xla  the same with --jit_compile: the forward and backward pass
+                and the update compiled by XLA, the reduction between them.
 Throughput is hvdtrain's own measurement (hvdtrain.throughput): windows of
-steps after warm-up, a 95% interval of the mean. The ratio hvdtrain / keras
-per precision is the cost of the framework on one device.
+steps after warm-up, a 95% interval of the mean. Per precision, hvdtrain /
+keras is the cost of the framework on one device, and hvdtrain_xla /
+hvdtrain what XLA gives it.
 """
 
 import json
@@ -32,7 +35,8 @@ from absl import app, flags
 
 flags.DEFINE_list("precisions", ["float32", "mixed_float16", "mixed_bfloat16"],
                   "Keras dtype policies to measure.")
-flags.DEFINE_list("contenders", ["keras", "hvdtrain"], "What to measure: keras, hvdtrain.")
+flags.DEFINE_list("contenders", ["keras", "hvdtrain", "hvdtrain_xla"],
+                  "What to measure: keras, hvdtrain, hvdtrain_xla.")
 flags.DEFINE_integer("image_size", 224, "Height and width of the random images.")
 flags.DEFINE_integer("num_classes", 1000, "Classes of the random labels.")
 flags.DEFINE_integer("batch_size", 256, "Images per step.")
@@ -44,13 +48,13 @@ flags.DEFINE_string("worker", None, "Internal: PRECISION,CONTENDER to measure in
 FLAGS = flags.FLAGS
 
 
-def _config(precision, model_dir):
+def _config(precision, model_dir, jit_compile):
     from hvdtrain import recipe
     return recipe.make_config(
         "resnet50_synthetic",
         dict(image_size=FLAGS.image_size, num_classes=FLAGS.num_classes,
              iterations=FLAGS.windows),
-        batch_size=FLAGS.batch_size, precision=precision,
+        batch_size=FLAGS.batch_size, precision=precision, jit_compile=jit_compile,
         throughput_warmup_steps=FLAGS.warmup_steps, throughput_window_steps=FLAGS.window_steps,
         model_dir=model_dir, verbose=0)
 
@@ -86,7 +90,7 @@ def _hvdtrain(config):
 def worker():
     precision, contender = FLAGS.worker.split(",")
     with tempfile.TemporaryDirectory() as model_dir:
-        config = _config(precision, model_dir)
+        config = _config(precision, model_dir, jit_compile=contender == "hvdtrain_xla")
         measured = (_keras if contender == "keras" else _hvdtrain)(config)
     import tensorflow as tf
     gpus = tf.config.list_physical_devices("GPU")
@@ -112,19 +116,24 @@ def main(argv):
             if result.returncode != 0:
                 sys.exit(f"{precision} {contender} failed:\n{result.stderr[-3000:]}")
             runs.append(json.loads(result.stdout.strip().splitlines()[-1]))
-            print(f"{precision:<15} {contender:<9} {runs[-1]['images_per_second']:10.1f} "
+            print(f"{precision:<15} {contender:<12} {runs[-1]['images_per_second']:10.1f} "
                   f"images/s (95% interval {runs[-1]['low']:.1f}-{runs[-1]['high']:.1f})",
                   flush=True)
     rates = {(r["precision"], r["contender"]): r["images_per_second"] for r in runs}
     ratios = {p: rates[p, "hvdtrain"] / rates[p, "keras"] for p in FLAGS.precisions
               if {(p, "hvdtrain"), (p, "keras")} <= set(rates)}
-    for precision, ratio in ratios.items():
-        print(f"{precision:<15} hvdtrain / keras {ratio:.3f}")
+    xla = {p: rates[p, "hvdtrain_xla"] / rates[p, "hvdtrain"] for p in FLAGS.precisions
+           if {(p, "hvdtrain_xla"), (p, "hvdtrain")} <= set(rates)}
+    for precision in FLAGS.precisions:
+        print(f"{precision:<15}" + "".join(
+            f" {name} {found[precision]:.3f}" for name, found in (
+                ("hvdtrain / keras", ratios), ("hvdtrain_xla / hvdtrain", xla))
+            if precision in found))
     results = dict(device=runs[0]["device"], seconds=time.perf_counter() - start,
                    settings={name: FLAGS[name].value for name in (
                        "image_size", "num_classes", "batch_size", "warmup_steps",
                        "window_steps", "windows")},
-                   runs=runs, ratios=ratios)
+                   runs=runs, ratios=ratios, xla_ratios=xla)
     output = pathlib.Path(FLAGS.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(results, indent=2) + "\n")
