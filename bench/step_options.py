@@ -1,22 +1,26 @@
-"""What --jit_compile and --profile_steps do to a training step, at np=2.
+"""What --jit_compile and --profile_steps do to a training step.
 
     python bench/step_options.py [--epochs=12]
 
-launches itself under `horovodrun -np 2` (one intra-op thread per process)
-and trains the small CNN (32x32x3, batch 32 per worker, SGD momentum 0.9,
-hvdtrain's DistributedOptimizer) three times side by side on one synthetic
-batch, one epoch at a time, the order turned each epoch:
-  plain     compiled as the trainer does without XLA;
-  xla       the same with hvdtrain.jit_compile: the forward and backward
-            pass and the update compiled by XLA, the allreduce between them;
-  profiled  plain, with rank 0's TensorFlow profiler recording steps 3-5 of
-            its first epoch (--profile_steps=3:5).
+launches itself under `horovodrun -np 2`, then `-np 1` (one intra-op thread
+per process), and trains the small CNN (32x32x3, batch 32 per worker, SGD
+momentum 0.9) side by side on one synthetic batch, one epoch at a time, the
+order turned each epoch. At np=2, with hvdtrain's DistributedOptimizer:
+  plain      compiled as the trainer does without XLA;
+  xla        the same with hvdtrain.jit_compile: the forward and backward
+             pass and the update compiled by XLA, the allreduce between them;
+  profiled   plain, with rank 0's TensorFlow profiler recording steps 3-5 of
+             its first epoch (--profile_steps=3:5).
+At np=1, where a step has no collective and Keras can compile it whole:
+  xla        as above;
+  keras_xla  plain Keras, its whole train step compiled (jit_compile=True).
 The first epoch traces, compiles and profiles, and is left out. In each
 later epoch the throughput meter times windows of steps after warm-up
-steps; the report is the median over epochs of xla / plain (goal: above 1)
-and profiled / plain (goal: within noise, the spread of plain / plain
-between consecutive epochs: the profiler runs in its window only). Rank 0
-prints a table and writes JSON.
+steps; the report is the median over epochs of xla / plain (what XLA gives
+here), profiled / plain (goal: within noise, the spread of plain / plain
+between consecutive epochs: the profiler runs in its window only), and at
+np=1 xla / keras_xla (goal: within noise: cutting the step at the
+collectives costs XLA nothing). Rank 0 prints a table and writes JSON.
 """
 
 import json
@@ -36,27 +40,38 @@ flags.DEFINE_integer("window_steps", 5, "Steps per timed window.")
 flags.DEFINE_string("output", "runs/bench/step_options.json", "Where rank 0 writes the results.")
 flags.DEFINE_bool("worker", False, "Internal: run as one Horovod worker.")
 FLAGS = flags.FLAGS
-RUNS = ("plain", "xla", "profiled")
+flags.DEFINE_list("runs", None, "Internal: the runs a worker trains, the first the baseline.")
+# At np=2, then at np=1; the first of each is the baseline.
+RUNS = {2: ("plain", "xla", "profiled"), 1: ("keras_xla", "xla")}
 PROFILED_STEPS = (3, 5)
 
 
 def launch():
-    pathlib.Path(FLAGS.output).parent.mkdir(parents=True, exist_ok=True)
-    r = horovod_workers.run(__file__, FLAGS.output, epochs=FLAGS.epochs, steps=FLAGS.steps,
-                            batch_size=FLAGS.batch_size, image_size=FLAGS.image_size,
-                            warmup_steps=FLAGS.warmup_steps, window_steps=FLAGS.window_steps)
+    output = pathlib.Path(FLAGS.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for np, runs in RUNS.items():
+        part = output.with_name(f"{output.stem}.np{np}.json")
+        results[f"np{np}"] = horovod_workers.run(
+            __file__, part, np=np, runs=",".join(runs), epochs=FLAGS.epochs, steps=FLAGS.steps,
+            batch_size=FLAGS.batch_size, image_size=FLAGS.image_size,
+            warmup_steps=FLAGS.warmup_steps, window_steps=FLAGS.window_steps)
+        part.unlink()
+    output.write_text(json.dumps(results, indent=1))
     print(f"a training step with and without XLA, and after a profiled window: small CNN "
-          f"{r['image_size']}x{r['image_size']}x3, np=2 (Gloo), batch {r['batch_size']} per "
-          f"worker, one intra-op thread each; {r['epochs'] - 1} epochs timed")
-    print(f"{'run':>10}{'examples/s':>14}{'/ plain':>10}{'range over epochs':>20}")
-    for name in RUNS:
-        ratios = r["ratios"].get(name)
-        print(f"{name:>10}{r['examples_per_second'][name]:>14.1f}"
-              + (f"{r['ratio'][name]:>10.3f}{min(ratios):>12.3f}-{max(ratios):.3f}"
-                 if ratios else ""))
-    print(f"noise: plain / plain between consecutive epochs, {r['noise'][0]:.3f}-"
-          f"{r['noise'][1]:.3f}; the profile recorded steps {r['profiled_steps']}. "
-          f"JSON: {FLAGS.output}")
+          f"{FLAGS.image_size}x{FLAGS.image_size}x3, batch {FLAGS.batch_size} per worker, one "
+          f"intra-op thread each, Gloo; {FLAGS.epochs - 1} epochs timed")
+    print(f"{'np':>3}{'run':>11}{'examples/s':>12}{'/ first':>9}{'range over epochs':>20}"
+          f"{'noise':>15}")
+    for np, runs in RUNS.items():
+        r = results[f"np{np}"]
+        for name in runs:
+            ratios = r["ratios"].get(name)
+            print(f"{np:>3}{name:>11}{r['examples_per_second'][name]:>12.1f}" + (
+                f"{r['ratio'][name]:>9.3f}{min(ratios):>12.3f}-{max(ratios):.3f}"
+                f"{r['noise'][0]:>10.3f}-{r['noise'][1]:.3f}" if ratios else ""))
+    print(f"noise: the first run's rate / its rate in the epoch before; the profile recorded "
+          f"steps {list(PROFILED_STEPS)}. JSON: {FLAGS.output}")
 
 
 def work(scratch):
@@ -70,22 +85,24 @@ def work(scratch):
     batches = data.synthetic((FLAGS.image_size, FLAGS.image_size, 3), 10, FLAGS.batch_size,
                              FLAGS.steps, seed=hvdtrain.rank())
 
-    def model(jit):
+    def model(name):
         keras.utils.set_random_seed(0)
         net = small_cnn()
-        net.compile(optimizer=hvdtrain.DistributedOptimizer(
-            keras.optimizers.SGD(0.01, momentum=0.9)), jit_compile=False,
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        return hvdtrain.jit_compile(net) if jit else net
+        optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+        net.compile(optimizer=optimizer if name == "keras_xla" else
+                    hvdtrain.DistributedOptimizer(optimizer), jit_compile=name == "keras_xla",
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return hvdtrain.jit_compile(net) if name == "xla" else net
 
+    names = tuple(FLAGS.runs)
     runs = {}
-    for name in RUNS:
+    for name in names:
         meter = callbacks.Throughput(FLAGS.batch_size, FLAGS.warmup_steps, FLAGS.window_steps)
         chosen = [meter, callbacks.BroadcastInitialState(0)]
         if name == "profiled" and hvdtrain.is_main_process():
             chosen.append(callbacks.ProfilerWindow(pathlib.Path(scratch) / "profile",
                                                    *PROFILED_STEPS))
-        runs[name] = (model(name == "xla"), callbacks.in_order(chosen), meter)
+        runs[name] = (model(name), callbacks.in_order(chosen), meter)
 
     def fit(name, epoch):
         net, chosen, meter = runs[name]
@@ -93,23 +110,21 @@ def work(scratch):
                 steps_per_epoch=FLAGS.steps, callbacks=chosen, verbose=0)
         return meter.epoch_measurement.total.mean if epoch else None
 
-    for name in RUNS:   # tracing, XLA's compiling, the profiled window
+    for name in names:   # tracing, XLA's compiling, the profiled window
         fit(name, 0)
-    rates = {name: [] for name in RUNS}
+    rates = {name: [] for name in names}
     for epoch in range(1, FLAGS.epochs):
-        for name in RUNS[::1 if epoch % 2 else -1]:
+        for name in names[::1 if epoch % 2 else -1]:
             rates[name].append(fit(name, epoch))
-    plain = rates["plain"]
-    ratios = {name: [a / b for a, b in zip(rates[name], plain)] for name in RUNS[1:]}
-    drift = [b / a for a, b in zip(plain, plain[1:])]
+    first = rates[names[0]]
+    ratios = {name: [a / b for a, b in zip(rates[name], first)] for name in names[1:]}
+    drift = [b / a for a, b in zip(first, first[1:])]
     if hvdtrain.is_main_process():
         pathlib.Path(FLAGS.output).write_text(json.dumps(dict(
             examples_per_second={n: statistics.median(r) for n, r in rates.items()},
             ratio={n: statistics.median(r) for n, r in ratios.items()}, ratios=ratios,
             rates=rates, noise=[min(drift, default=1.0), max(drift, default=1.0)],
-            profiled_steps=list(PROFILED_STEPS), epochs=FLAGS.epochs,
-            batch_size=FLAGS.batch_size, image_size=FLAGS.image_size,
-            steps=FLAGS.steps), indent=1))
+            workers=hvdtrain.size()), indent=1))
 
 
 if __name__ == "__main__":

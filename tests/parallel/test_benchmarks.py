@@ -137,10 +137,13 @@ def test_preemption(outputs):
 
 def test_step_options(outputs):
     results = load(outputs["step_options"])
-    plain = results["rates"]["plain"]
-    assert len(plain) == 2 and all(rate > 0 for rate in plain)
-    for name in ("xla", "profiled"):
-        ratios = [a / b for a, b in zip(results["rates"][name], plain)]
-        assert results["ratios"][name] == pytest.approx(ratios)
-        assert results["ratio"][name] == pytest.approx(statistics.median(ratios))
-    assert results["noise"] == [pytest.approx(plain[1] / plain[0])] * 2
+    for part, runs in (("np2", ("plain", "xla", "profiled")), ("np1", ("keras_xla", "xla"))):
+        r = results[part]
+        assert r["workers"] == int(part[2:]) and set(r["rates"]) == set(runs)
+        first = r["rates"][runs[0]]
+        assert len(first) == 2 and all(rate > 0 for rate in first)
+        for name in runs[1:]:
+            ratios = [a / b for a, b in zip(r["rates"][name], first)]
+            assert r["ratios"][name] == pytest.approx(ratios)
+            assert r["ratio"][name] == pytest.approx(statistics.median(ratios))
+        assert r["noise"] == [pytest.approx(first[1] / first[0])] * 2

@@ -5,6 +5,8 @@ minutes on CPU, so they are left to the GPU.)"""
 import json
 import sys
 
+import pytest
+
 from launch import REPO, run
 
 
@@ -18,9 +20,13 @@ def test_gpu_benchmark_runs_tiny_on_cpu(tmp_path):
     results = json.loads(output.read_text())
     assert results["device"] == "CPU"
     assert [(r["precision"], r["contender"]) for r in results["runs"]] == [
-        ("float32", "keras"), ("float32", "hvdtrain"),
-        ("mixed_bfloat16", "keras"), ("mixed_bfloat16", "hvdtrain")]
+        (precision, contender) for precision in ("float32", "mixed_bfloat16")
+        for contender in ("keras", "hvdtrain", "hvdtrain_xla")]
     for r in results["runs"]:
         assert r["images_per_second"] > 0 and r["windows"] == 2
-    assert set(results["ratios"]) == {"float32", "mixed_bfloat16"}
-    assert all(ratio > 0 for ratio in results["ratios"].values())
+    rates = {(r["precision"], r["contender"]): r["images_per_second"] for r in results["runs"]}
+    for precision in ("float32", "mixed_bfloat16"):
+        assert results["ratios"][precision] == pytest.approx(
+            rates[precision, "hvdtrain"] / rates[precision, "keras"])
+        assert results["xla_ratios"][precision] == pytest.approx(
+            rates[precision, "hvdtrain_xla"] / rates[precision, "hvdtrain"])
