@@ -87,7 +87,7 @@ def work(scratch):
 
     def model(name):
         keras.utils.set_random_seed(0)
-        net = small_cnn()
+        net = small_cnn(image_size=FLAGS.image_size)
         optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
         net.compile(optimizer=optimizer if name == "keras_xla" else
                     hvdtrain.DistributedOptimizer(optimizer), jit_compile=name == "keras_xla",
