@@ -18,8 +18,8 @@ __all__ = ["PeriodicCheckpoint"]
 class PeriodicCheckpoint(TrainingCallback):
     """Saves a checkpoint every `every_epochs` epochs (and after the last,
     also when early stopping ends the run), and every `every_steps` training
-    steps. Give it to every rank: gradients
-    being accumulated are rank-local and get averaged into the checkpoint.
+    steps. Give it to every rank: gradients being accumulated are rank-local
+    and get averaged into the checkpoint.
     Only rank 0 writes; it keeps the newest `keep` and the best by `monitor`,
     and never writes a state that is not finite (with `nan_policy` "fail"
     that ends training, with "ignore" the save is skipped).
