@@ -180,6 +180,7 @@ def _train_from(state, model, recipe, config, model_dir, vote=None):
         model.optimizer.learning_rate = (float(model.optimizer.learning_rate)
                                          * hvd.size() / start.workers)
     _check_watched_metric(config, validation_data)
+    _check_step_windows(config, steps, epoch * steps + step)
     started = _callbacks(state, vote, config, model_dir, learning_rate, steps,
                          validation_data.steps if validation_data else None,
                          start=(epoch, step), resumed=config.resume or restarted,
@@ -264,6 +265,23 @@ def _check_watched_metric(config, validation_data):
         raise UsageError(f"--best_metric={config.best_metric} is a validation metric, and "
                          f"recipe {config.recipe} has no validation data: watch a training "
                          f"metric (e.g. --best_metric={config.best_metric.removeprefix('val_')})")
+
+
+def _check_step_windows(config, steps, done):
+    """A window of --timeline_steps or --profile_steps must hold steps this
+    run trains: past its last one nothing would be recorded."""
+    last = config.epochs * steps
+    for name, window in (("timeline_steps", config.timeline_window()),
+                         ("profile_steps", config.profile_window())):
+        if window is None:
+            continue
+        if window[0] > last:
+            raise UsageError(f"--{name}={getattr(config, name)} starts after the run's last "
+                             f"step, {last} ({config.epochs} epochs of {steps}): choose steps "
+                             f"up to {last}")
+        if window[1] <= done:
+            logging.warning("--%s=%s: the run goes on after step %d, so nothing is recorded",
+                            name, getattr(config, name), done)
 
 
 class _StartCallbacks(typing.NamedTuple):

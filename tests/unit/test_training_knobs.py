@@ -212,3 +212,17 @@ def test_a_watched_validation_metric_needs_validation_data():
         trainer._check_watched_metric(config, None)
     trainer._check_watched_metric(config.override(best_metric="loss"), None)
     trainer._check_watched_metric(config, object())
+
+
+def test_a_window_of_steps_past_the_runs_end_is_refused():
+    from hvdtrain import trainer
+    from hvdtrain.config import TrainConfig
+
+    config = TrainConfig(epochs=2, profile_steps="41:45")
+    with pytest.raises(UsageError, match=r"--profile_steps=41:45 starts after the run's last "
+                                         r"step, 40 \(2 epochs of 20\): choose steps up to 40"):
+        trainer._check_step_windows(config, steps=20, done=0)
+    trainer._check_step_windows(config.override(profile_steps="40:45"), steps=20, done=0)
+    with pytest.raises(UsageError, match="--timeline_steps=50:60 starts after"):
+        trainer._check_step_windows(config.override(timeline_steps="50:60", profile_steps=""),
+                                    steps=20, done=0)
