@@ -11,7 +11,8 @@ process) under `horovodrun -np 2`, for each controller:
               machine hits both. Step time = global batch / the run's
               reported throughput (windows of steps inside epochs, so
               epoch-end work is left out); per round the ratio with / without,
-              and the noise: the two runs' 95% intervals combined. Goal:
+              and the noise: the two rates' 95% intervals (their half-widths
+              relative to the rate) combined. Goal:
               with the vote at most that much slower (the median round).
   signal      a training is started (a checkpoint every 10 steps) and, once
               the first checkpoint exists, signalled: by default SIGTERM to
@@ -78,7 +79,9 @@ def horovodrun(controller, model_dir, *flags_):
 
 def vote_run(controller, model_dir, vote):
     """One run with or without the vote: its step ms from the reported
-    throughput, with that rate's 95% interval."""
+    throughput, with that rate's 95% interval (a rate interval reaching 0, as
+    a short run on a busy machine gives, leaves the step's unbounded: None),
+    and the interval's half-width relative to the rate."""
     signals = [] if vote else ["--preemption_signals="]
     process = horovodrun(controller, model_dir, f"--epochs={FLAGS.epochs}", *signals)
     output, _ = process.communicate()
@@ -87,8 +90,9 @@ def vote_run(controller, model_dir, vote):
     text = "\n".join(line for rank, line in rank_lines(output) if rank == 0)
     rate, low, high = map(float, _THROUGHPUT.search(text).groups())
     batch = int(_GLOBAL_BATCH.search(text).group(1))
-    return {"step_ms": 1e3 * batch / rate, "interval_ms": [1e3 * batch / high, 1e3 * batch / low],
-            "global_batch": batch}
+    return {"step_ms": 1e3 * batch / rate,
+            "interval_ms": [1e3 * batch / high, 1e3 * batch / low if low > 0 else None],
+            "noise": (high - low) / 2 / rate, "global_batch": batch}
 
 
 def vote_cost(controller, scratch):
@@ -99,10 +103,8 @@ def vote_cost(controller, scratch):
             runs["on" if vote else "off"] = vote_run(
                 controller, scratch / f"vote-{index}-{vote}", vote)
         on, off = runs["on"], runs["off"]
-        relative = [(r["interval_ms"][1] - r["interval_ms"][0]) / 2 / r["step_ms"]
-                    for r in (on, off)]
         rounds.append(dict(runs, ratio=on["step_ms"] / off["step_ms"],
-                           noise=(relative[0] ** 2 + relative[1] ** 2) ** 0.5))
+                           noise=(on["noise"] ** 2 + off["noise"] ** 2) ** 0.5))
     ratios = [r["ratio"] for r in rounds]
     ratio, noise = statistics.median(ratios), statistics.median(r["noise"] for r in rounds)
     return {"rounds": rounds, "ratio": ratio, "noise": noise,
@@ -176,8 +178,8 @@ def report(controller, r):
           "step ms (95% interval)")
     print(f"{'round':<7}{'vote on':>22}{'vote off':>22}{'on/off':>8}{'noise':>8}")
     for index, rnd in enumerate(vote["rounds"]):
-        on, off = (f"{x['step_ms']:.2f} ({x['interval_ms'][0]:.2f}-{x['interval_ms'][1]:.2f})"
-                   for x in (rnd["on"], rnd["off"]))
+        on, off = (f"{x['step_ms']:.2f} ({x['interval_ms'][0]:.2f}-"
+                   f"{x['interval_ms'][1] or float('inf'):.2f})" for x in (rnd["on"], rnd["off"]))
         print(f"{index + 1:<7}{on:>22}{off:>22}{rnd['ratio']:>8.3f}{rnd['noise']:>8.1%}")
     ratios = [rnd["ratio"] for rnd in vote["rounds"]]
     verdict = "met" if vote["within_noise"] else "NOT met"
