@@ -3,7 +3,9 @@ a watched metric improves in, and state that checkpoints keep."""
 
 import keras
 
-__all__ = ["KeptState", "TrainingCallback", "kept_states", "monitor_mode"]
+from hvdtrain.errors import UsageError
+
+__all__ = ["KeptState", "TrainingCallback", "kept_states", "monitor_mode", "watched_value"]
 
 
 class TrainingCallback(keras.callbacks.Callback):
@@ -67,6 +69,22 @@ def monitor_mode(model, monitor):
         if metric.name == name and hasattr(metric, "_direction"):  # Keras's own attribute
             return "max" if metric._direction == "up" else "min"
     return "min" if any(word in monitor for word in ("loss", "error", "mse", "mae")) else "max"
+
+
+def watched_value(logs, monitor):
+    """The value of the watched metric `monitor` in an epoch's `logs`.
+
+    Raises:
+        UsageError: If the epoch has no such metric (a misspelt
+            --best_metric), naming those it has: a decision that never sees
+            its metric would silently never be taken. Every rank has the
+            same metrics, so all raise at the same epoch's end.
+    """
+    logs = logs or {}
+    if monitor not in logs:
+        raise UsageError(f"--best_metric={monitor} is not a metric of this run; it has "
+                         f"{', '.join(sorted(logs))}")
+    return logs[monitor]
 
 
 def _metrics(model):

@@ -3,7 +3,7 @@
 import keras
 from absl import logging
 
-from hvdtrain.callbacks.base import KeptState, monitor_mode
+from hvdtrain.callbacks.base import KeptState, monitor_mode, watched_value
 
 __all__ = ["EarlyStopping"]
 
@@ -48,6 +48,9 @@ class EarlyStopping(KeptState, keras.callbacks.EarlyStopping):
         if self.mode == "auto":
             self.mode = monitor_mode(self.model, self.monitor)
         super()._set_monitor_op()
+
+    def get_monitor_value(self, logs):
+        return watched_value(logs, self.monitor)
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)

@@ -4,7 +4,7 @@
 import keras
 from absl import logging
 
-from hvdtrain.callbacks.base import KeptState, monitor_mode
+from hvdtrain.callbacks.base import KeptState, monitor_mode, watched_value
 from hvdtrain.callbacks.learning_rate_schedule import ScheduledLearningRate
 
 __all__ = ["PlateauLearningRate"]
@@ -64,6 +64,7 @@ class PlateauLearningRate(KeptState, ScheduledLearningRate):
             self.set_state(self._restored)
 
     def on_epoch_end(self, epoch, logs=None):
+        watched_value(logs, self._judge.monitor)
         if epoch >= self.start_epoch:
             self._judge.on_epoch_end(epoch, logs)
         super().on_epoch_end(epoch, logs)

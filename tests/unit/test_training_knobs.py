@@ -226,3 +226,15 @@ def test_a_window_of_steps_past_the_runs_end_is_refused():
     with pytest.raises(UsageError, match="--timeline_steps=50:60 starts after"):
         trainer._check_step_windows(config.override(timeline_steps="50:60", profile_steps=""),
                                     steps=20, done=0)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: callbacks.EarlyStopping("val_acc", patience=2),
+    lambda: callbacks.PlateauLearningRate("val_acc", 0.1, 0.5, 2, 0, 1)])
+def test_a_watched_metric_the_run_does_not_have_stops_it_naming_those_it_has(make):
+    model = _model(keras.optimizers.SGD(0.01), metrics=["mae"])
+    x, y = _data(8)
+    with pytest.raises(UsageError, match="--best_metric=val_acc is not a metric of this run; it "
+                                         "has loss, mae, val_loss, val_mae"):
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, validation_data=(x, y),
+                  callbacks=[make()])
