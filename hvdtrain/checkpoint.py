@@ -22,6 +22,11 @@ Resuming, rank 0 reads the newest intact checkpoint and broadcasts where to
 go on; its variables reach the other ranks with the broadcast at the start of
 training, so the checkpoint directory need not be shared between hosts. The
 run goes on at the batch after the checkpoint (see fit.py).
+
+A table sharded across the workers (hvdtrain.sharding) is saved whole, in
+row order, as rank 0 gathers it, and each worker takes its rows back when a
+run resumes: the checkpoint is one atomic directory like any other, and
+resumes on any number of workers.
 """
 
 import dataclasses
@@ -37,13 +42,13 @@ import keras
 import numpy as np
 from absl import logging
 
-from hvdtrain import atomic_files, collectives, runtime
+from hvdtrain import atomic_files, collectives, runtime, sharding
 from hvdtrain.errors import UsageError
 from hvdtrain.training_state import Position, continue_at, training_variables
 
 __all__ = ["FORMAT", "META", "STATE_SETTINGS", "VARIABLES", "Checkpoint", "CorruptCheckpoint",
            "all_finite", "assign", "listed", "newest", "read", "refuse_to_overwrite", "restore",
-           "retain", "save"]
+           "retain", "save", "scatter_shards"]
 
 VARIABLES = "variables.npz"
 META = "checkpoint.json"
@@ -199,7 +204,8 @@ def newest(directory):
 
 def assign(variables, checkpoint, values):
     """Sets `variables` to a checkpoint's values, after checking that all of
-    them fit: a checkpoint is loaded whole or not at all.
+    them fit: a checkpoint is loaded whole or not at all. Sharded variables
+    are checked against their whole table and left for `scatter_shards`.
 
     Args:
         variables: The Keras variables to set, in the order they were saved
@@ -217,16 +223,27 @@ def assign(variables, checkpoint, values):
         mismatch = f"it holds {len(values)} variables, the model and optimizer {len(variables)}"
     else:
         for variable, value in zip(variables, values):
-            if tuple(variable.shape) != value.shape:
-                mismatch = (f"{variable.path} has shape {tuple(variable.shape)} there, "
-                            f"{value.shape} in the checkpoint")
+            if sharding.logical_shape(variable) != value.shape:
+                mismatch = (f"{variable.path} has shape {sharding.logical_shape(variable)} "
+                            f"there, {value.shape} in the checkpoint")
                 break
     if mismatch:
         raise UsageError(f"checkpoint {checkpoint.path} does not fit this model: {mismatch}; "
                          "resume with the recipe and settings that wrote it, or use a new "
                          "--model_dir")
     for variable, value in zip(variables, values):
-        variable.assign(value)
+        if not sharding.is_sharded(variable):
+            variable.assign(value)
+
+
+def scatter_shards(variables, values):
+    """Gives every worker its rows of the sharded tables among `variables`
+    from the values rank 0 read (`read`'s, after `assign`; None on other
+    ranks). Call it on every rank; nothing happens without sharded tables.
+    """
+    variables = list(variables)
+    if any(sharding.is_sharded(v) for v in variables):
+        sharding.scatter(variables, values, name="hvdtrain.restore")
 
 
 def retain(directory, keep, mode=None):
@@ -283,11 +300,11 @@ def restore(model, directory, config, steps):
             backward_passes_per_step or use of EMA, or its variables do not
             fit the model.
     """
-    error, found = None, None
+    error, found, values = None, None, None
     if runtime.is_main_process():
         atomic_files.remove_unfinished(directory)
         try:
-            found = _load_newest(model, directory, config)
+            found, values = _load_newest(model, directory, config)
         except UsageError as e:
             error = e
     collectives.raise_together(error)
@@ -297,6 +314,9 @@ def restore(model, directory, config, steps):
     if saved is None:
         logging.info("no checkpoint in %s: training from the start", directory)
         return 0, 0, None, {}
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    scatter_shards(training_variables(model), values)
     epoch, step = continue_at(saved, steps, hvd.size(), config.batch_size)
     going_on = Position(epoch, step, steps, hvd.size(), config.batch_size)
     if (saved.workers, saved.batch_size) != (hvd.size(), config.batch_size):
@@ -330,7 +350,7 @@ def _load_newest(model, directory, config):
         if listed(directory):
             raise UsageError(f"no intact checkpoint in {directory} (all are damaged); "
                              "remove them to train from the start")
-        return None
+        return None, None
     found, values = loaded
     changed = {name: (found.settings.get(name), value)
                for name, value in dataclasses.asdict(config).items()
@@ -353,7 +373,7 @@ def _load_newest(model, directory, config):
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
     assign(training_variables(model), found, values)
-    return found
+    return found, values
 
 
 def _sha256(path):

@@ -11,6 +11,8 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from hvdtrain import sharding
+
 __all__ = ["agree_on_max", "agree_on_min", "allreduce_scalars", "broadcast_variables",
            "raise_together", "root_name_scope"]
 
@@ -33,14 +35,16 @@ def broadcast_variables(variables, root_rank=0):
     """Sets `variables` on every rank to their values on `root_rank`.
 
     Call it on every rank, with the same variables in the same order: they
-    are broadcast by position. Does nothing on one process.
+    are broadcast by position. Does nothing on one process. Shards of a
+    table split across the workers (hvdtrain.sharding) are left out: each
+    worker holds its own rows.
 
     Args:
         variables: Keras or TensorFlow variables (e.g. `model.variables`
             and `optimizer.variables`).
         root_rank: The rank whose values all take.
     """
-    variables = list(variables)
+    variables = [v for v in variables if not sharding.is_sharded(v)]
     if hvd.size() == 1 or not variables:
         return
     values = _broadcast([tf.convert_to_tensor(v) for v in variables], root_rank)

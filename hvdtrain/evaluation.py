@@ -1,8 +1,9 @@
 """Exact evaluation across workers.
 
-Each worker evaluates its own shard of a split; workers may take different
-numbers of steps (shards differ by one example). Averaging the workers'
-results would weigh a short shard like a long one. Instead, after a
+Each worker evaluates its own shard of a split; the shards may differ by
+one example (the shorter ones end with an empty batch, see
+data/sharding.py). Averaging the workers' results would weigh a short shard
+like a long one. Instead, after a
 worker's last evaluation batch, the metrics' state variables (totals and
 counts, confusion counts, ...) are summed over all workers, so the results
 Keras then computes from them equal a single-process evaluation of the

@@ -21,7 +21,7 @@ import keras
 import tensorflow as tf
 
 from hvdtrain import (atomic_files, checkpoint, collectives, compiled_model, export, run_log,
-                      runtime, training_state, watchdog)
+                      runtime, sharding, training_state, watchdog)
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.callbacks import ExactEvaluation
 from hvdtrain.config import TrainConfig
@@ -109,14 +109,18 @@ def _evaluate(given, model_dir, split, checkpoint_name, output, recipe_given):
     keras.utils.set_random_seed(config.seed)
     watchdog.progress("building the model")
     model = compiled_model.compile_model(recipe.build_model(config), recipe, config)
-    error = None
+    error, values = None, None
     if runtime.is_main_process():
         try:
-            _load(model, recipe.name, source, stored)
+            values = _load(model, recipe.name, source, stored)
         except UsageError as e:
             error = e
     collectives.raise_together(error)
     collectives.broadcast_variables(model.variables, root_rank=0)
+    if checkpoint_name is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    checkpoint.scatter_shards(training_state.training_variables(model) if checkpoint_name
+                              is not None else model.weights, values)
 
     watchdog.progress("loading data")
     data = load_split(config)
@@ -217,7 +221,9 @@ def _other_splits(recipe):
 
 def _load(model, recipe_name, source, stored):
     """Sets `model`'s weights (rank 0) from the checkpoint `stored`
-    (checkpoint.read's), or from the `.keras` file `source`."""
+    (checkpoint.read's), or from the `.keras` file `source`, all but those of
+    sharded tables; returns the values read, whose rows of those tables
+    checkpoint.scatter_shards then gives the workers."""
     if stored is not None:
         found, values = stored
         optimizer = model.optimizer
@@ -225,7 +231,7 @@ def _load(model, recipe_name, source, stored):
         checkpoint.assign(training_state.training_variables(model), found, values)
         # What validation evaluated: the weights' moving average, if kept.
         optimizer.finalize_variable_values(model.trainable_weights)
-        return
+        return values
     try:
         trained = keras.saving.load_model(source, compile=False)
     except Exception as e:   # Keras raises many kinds for a file it cannot read
@@ -235,16 +241,20 @@ def _load(model, recipe_name, source, stored):
     if mismatch:
         raise UsageError(f"the model in {source} does not fit recipe {recipe_name}'s: {mismatch}; "
                          "evaluate it with the recipe and --option values that trained it")
-    for weight, value in zip(model.weights, trained.weights):
-        weight.assign(value)
+    values = [weight.numpy() for weight in trained.weights]
+    for weight, value in zip(model.weights, values):
+        if not sharding.is_sharded(weight):
+            weight.assign(value)
+    return values
 
 
 def _mismatch(expected, found):
     if len(expected) != len(found):
         return f"it has {len(found)} weights, the recipe's model {len(expected)}"
     for mine, theirs in zip(expected, found):
-        if tuple(mine.shape) != tuple(theirs.shape):
-            return f"{mine.path} has shape {tuple(theirs.shape)} there, {tuple(mine.shape)} here"
+        if sharding.logical_shape(mine) != tuple(theirs.shape):
+            return (f"{mine.path} has shape {tuple(theirs.shape)} there, "
+                    f"{sharding.logical_shape(mine)} here")
     return None
 
 

@@ -26,6 +26,11 @@ Local variables (`register_local_var`, PartialDistributedOptimizer's
 `local_layers`) keep each rank's own gradients; with scale_local_gradients
 these are divided by the number of processes, as Horovod does.
 
+Sharded embedding tables (hvdtrain.layers.ShardedEmbedding) are not
+reduced: each worker's shard gets the gradients of its rows from every
+worker by the layer's alltoall, averaged here like the rest, and applied to
+the looked-up rows only (sparse_updates.py); weight decay leaves them alone.
+
 Keras's own knobs act after the reduction, inside the update: clipping
 (clipnorm, global_clipnorm, clipvalue) sees the averaged gradients, so every
 rank clips alike and the update equals one process's on the global batch;
@@ -39,6 +44,7 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
+from hvdtrain import sharding, sparse_updates
 from hvdtrain.compression import Compression
 from hvdtrain.errors import UsageError
 from hvdtrain.reduction import GradientReducer, LocalVariables
@@ -307,10 +313,20 @@ class _DistributedMixin:
         self._hvd_local.add(var)
 
     def build(self, variables):
+        variables = list(variables)
+        shards = [v for v in variables if sharding.is_sharded(v)]
+        if shards:
+            sparse_updates.check(self, self._hvd_passes > 1)
+            variables = [v for v in variables if not sharding.is_sharded(v)]
         super().build(variables)
         # Positions, not the variables: Keras tracks variables kept on an
         # optimizer as its own state (they would be saved with it).
         self._hvd_positions = {id(v): i for i, v in enumerate(variables)}
+        self._hvd_shard_slots = {}
+        for shard in shards:
+            first = len(self.variables)
+            sparse_updates.make_slots(self, shard)
+            self._hvd_shard_slots[id(shard)] = range(first, len(self.variables))
         if self._hvd_passes > 1:
             self._hvd_counter = self.add_variable((), dtype="int64", name="hvd_passes")
             self._hvd_accumulators = [
@@ -327,11 +343,34 @@ class _DistributedMixin:
         self._hvd_reducer.check_runtime()
         variables = list(trainable_variables if trainable_variables is not None
                          else self._trainable_variables)
+        grads = list(grads)
+        if any(sharding.is_sharded(v) for v in variables):
+            return self._apply_with_shards(grads, variables)
         if self._hvd_passes == 1:
             self._exchange_with_the_gradients()
             reduced = self._hvd_reducer(grads, variables, self._hvd_local)
             return self._update(_summed_duplicates(reduced), trainable_variables)
-        return self._accumulate_then_apply(list(grads), variables, trainable_variables)
+        return self._accumulate_then_apply(grads, variables, trainable_variables)
+
+    def _apply_with_shards(self, grads, variables):
+        """Reduces and applies the replicated variables' gradients; applies
+        each shard's own, averaged, to its looked-up rows."""
+        replicated = [(g, v) for g, v in zip(grads, variables) if not sharding.is_sharded(v)]
+        self._exchange_with_the_gradients()
+        reduced = self._hvd_reducer([g for g, _ in replicated], [v for _, v in replicated],
+                                    self._hvd_local)
+        average = 1.0 / self._hvd_reducer.size() if (
+            self._hvd_reducer.op == hvd.Average) else 1.0
+        for grad, variable in zip(grads, variables):
+            if grad is not None and sharding.is_sharded(variable):
+                (grad,) = _summed_duplicates([grad])
+                sparse_updates.update(
+                    self, tf.IndexedSlices(grad.values * average, grad.indices), variable,
+                    [self.variables[i] for i in self._hvd_shard_slots[id(variable)]])
+        if not replicated:   # Keras counts the step only when it updates something
+            self.iterations.assign_add(1)
+            return None
+        return self._update(_summed_duplicates(reduced), [v for _, v in replicated])
 
     def _update(self, grads, trainable_variables):
         """The optimizer's own update with reduced `grads`; compiled with XLA

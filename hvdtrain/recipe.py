@@ -46,10 +46,12 @@ class Option:
         help: One line for --help.
         allowed: For a number, the `hvdtrain.config.Range` its values must
             be in; None: any finite number.
+        choices: For a string, the values it may take; None: any.
     """
     default: bool | int | float | str
     help: str
     allowed: Range | None = None
+    choices: tuple | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +173,8 @@ def parse_options(recipe, options):
             if parsed[key] not in allowed:
                 expected = allowed.describe() if option.allowed else "a finite number"
                 raise UsageError(f"--option={key}={value}: must be {expected}")
+        if option.choices and parsed[key] not in option.choices:
+            raise UsageError(f"--option={key}={value}: choose one of {', '.join(option.choices)}")
     return parsed
 
 

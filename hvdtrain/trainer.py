@@ -13,8 +13,8 @@ import tensorflow as tf
 from absl import logging
 
 from hvdtrain import (callbacks, checkpoint, collectives, compiled_model, elastic, export, fit,
-                      preemption, run_lock, runtime, schedules, throughput, training_state,
-                      watchdog)
+                      layers, preemption, run_lock, runtime, schedules, sharding, throughput,
+                      training_state, watchdog)
 from hvdtrain import optimizer as optimizer_lib
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.data import input_errors
@@ -116,6 +116,10 @@ def _train(config, recipe, model_dir):
     model = compiled_model.compile_model(recipe.build_model(config), recipe, config)
 
     if elastic.launched():
+        if sharding.has_shards(model):
+            raise UsageError("elastic mode cannot reshard tables split across workers "
+                             "(ShardedEmbedding) when workers come and go; run with a fixed -np, "
+                             "--resume reshards them at another number of workers")
         state = elastic.KerasState(model, position=None, kept_states={})
         result = elastic.run(_train_from)(state, model, recipe, config, model_dir)
     else:
@@ -129,9 +133,12 @@ def _train(config, recipe, model_dir):
     # a run here may take several fits, or none when resumed at its end).
     model.optimizer.finalize_variable_values(model.trainable_weights)
     _refuse_non_finite(model, model_dir)
-    if config.export and runtime.is_main_process():
+    if config.export:
         watchdog.progress("exporting the model")
-        export.export(model, model_dir)
+        # Sharded tables become whole ones, gathered from every worker.
+        exported = layers.replicated_copy(model)
+        if runtime.is_main_process():
+            export.export(exported, model_dir)
     return result
 
 

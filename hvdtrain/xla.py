@@ -20,7 +20,7 @@ import tensorflow as tf
 from keras.src import tree
 from keras.src.losses import loss as loss_module
 
-from hvdtrain import optimizer as optimizer_lib
+from hvdtrain import optimizer as optimizer_lib, sharding
 from hvdtrain.errors import UsageError
 
 __all__ = ["jit_compile"]
@@ -42,8 +42,10 @@ def jit_compile(model):
         `model`, whose train step is compiled from its next fit on.
 
     Raises:
-        UsageError: If the model is not compiled, or compiled with
-            jit_compile=True (which would put the collectives inside XLA).
+        UsageError: If the model is not compiled, compiled with
+            jit_compile=True (which would put the collectives inside XLA),
+            or has tables sharded across workers (whose lookups are
+            collectives inside the forward pass).
     """
     if not model.compiled:
         raise UsageError("jit_compile(model): compile the model first "
@@ -51,6 +53,10 @@ def jit_compile(model):
     if model.jit_compile:
         raise UsageError("jit_compile(model): compile the model with jit_compile=False; this "
                          "compiles all of its train step but Horovod's collectives")
+    if sharding.has_shards(model):
+        raise UsageError("jit_compile(model): tables sharded across workers (ShardedEmbedding) "
+                         "exchange rows inside the forward pass, which XLA cannot hold "
+                         "(Horovod's collectives have no XLA kernels); leave --jit_compile off")
     model.train_step = _CompiledTrainStep(model)
     optimizer_lib.compile_updates(model.optimizer)
     model.train_function = None   # Keras traces the step again at the next fit

@@ -41,7 +41,16 @@ features and crossed pairs of them (--option=crosses), itself an embedding
 table of dimension 1 with one range per feature or cross. The logit is the
 sum of both; loss binary cross-entropy; metrics AUC and binary accuracy.
 
-Gradient exchange. The embedding tables' gradients are tf.IndexedSlices: one
+Embeddings. --option=embeddings=replicated (the default) keeps both tables
+whole on every worker, data-parallel. --option=embeddings=sharded splits
+each table by rows across the workers (hvdtrain.layers.ShardedEmbedding):
+each worker holds 1/N of it, lookups and their gradients travel by
+alltoall, and the optimizer updates only the rows a step looked up (Adam
+becomes lazy Adam; sgd and adagrad are the same as replicated). The rest
+of the model stays data-parallel. bench/sharded_embeddings.py compares the
+two.
+
+Gradient exchange, replicated. The embedding tables' gradients are tf.IndexedSlices: one
 row per looked-up id. hvdtrain's DistributedOptimizer allgathers them (each
 worker sends batch x 26 rows of embedding_dim values plus their indices,
 about 0.9 MB at batch 512 and dimension 16, and receives every other
@@ -82,6 +91,7 @@ from hvdtrain.config import POSITIVE, Range
 from hvdtrain.data import from_arrays, from_tfrecords, input_errors
 from hvdtrain.data.files import tfrecord_problem
 from hvdtrain.errors import UsageError
+from hvdtrain.layers import ShardedEmbedding
 from hvdtrain.recipe import Option, Recipe, Splits
 
 DENSE_FEATURES = 13
@@ -163,16 +173,16 @@ def build_model(config):
 
     counts = layers.BatchNormalization(name="dense_normalization")(
         ops.log1p(ops.maximum(dense, 0.0)))
+    table = layers.Embedding if options["embeddings"] == "replicated" else ShardedEmbedding
     deep_rows = HashedFeatures(rows, name="deep_hashing")(categorical)
-    embedded = layers.Embedding(rows, options["embedding_dim"], name="deep_embedding")(deep_rows)
+    embedded = table(rows, options["embedding_dim"], name="deep_embedding")(deep_rows)
     x = layers.Concatenate(name="deep_inputs")([layers.Flatten()(embedded), counts])
     for i, units in enumerate(hidden_units):
         x = layers.Dense(units, activation="relu", name=f"hidden_{i + 1}")(x)
     deep_logit = layers.Dense(1, name="deep_logit")(x)
 
     wide_rows = HashedFeatures(rows, crosses=crosses, name="wide_hashing")(categorical)
-    weights = layers.Embedding(rows, 1, embeddings_initializer="zeros",
-                               name="wide_weights")(wide_rows)
+    weights = table(rows, 1, embeddings_initializer="zeros", name="wide_weights")(wide_rows)
     wide_logit = ops.sum(weights, axis=1)
     # The logit in float32 under mixed precision.
     logit = layers.Add(dtype="float32", name="logit")([deep_logit, wide_logit])
@@ -317,6 +327,9 @@ RECIPE = Recipe(
         "table_rows": Option(2**20, "rows of the shared embedding table (and of the wide "
                                     "part's); each feature gets 1/26 of them", allowed=Range(26)),
         "embedding_dim": Option(16, "values per embedding row", allowed=POSITIVE),
+        "embeddings": Option("replicated", "the tables whole on every worker (replicated), or "
+                                           "split by rows across the workers (sharded)",
+                             choices=("replicated", "sharded")),
         "hidden_units": Option("512,256,128", "widths of the deep part's hidden layers"),
         "crosses": Option("0x1,2x3,4x5", "crossed pairs of categorical features in the wide "
                                          "part, as AxB,CxD (indices 0-25)"),

@@ -7,7 +7,7 @@ import horovod.tensorflow as hvd
 import keras
 from absl import logging
 
-from hvdtrain import checkpoint, optimizer as optimizer_lib, runtime
+from hvdtrain import checkpoint, optimizer as optimizer_lib, runtime, sharding
 from hvdtrain.callbacks.base import TrainingCallback, kept_states, monitor_mode
 from hvdtrain.errors import TrainingError
 from hvdtrain.training_state import Position, training_variables
@@ -19,7 +19,8 @@ class PeriodicCheckpoint(TrainingCallback):
     """Saves a checkpoint every `every_epochs` epochs (and after the last,
     also when early stopping ends the run), and every `every_steps` training
     steps. Give it to every rank: gradients being accumulated are rank-local
-    and get averaged into the checkpoint.
+    and get averaged into the checkpoint, and tables sharded across the
+    workers are gathered whole.
     Only rank 0 writes; it keeps the newest `keep` and the best by `monitor`,
     and never writes a state that is not finite (with `nan_policy` "fail"
     that ends training, with "ignore" the save is skipped).
@@ -75,7 +76,8 @@ class PeriodicCheckpoint(TrainingCallback):
                 the state is not finite under nan_policy "fail".
         """
         variables = training_variables(self.model)
-        values = _with_local_state_averaged(self.model, variables)
+        values = sharding.gather(variables, _with_local_state_averaged(self.model, variables),
+                                 name="hvdtrain.checkpoint")
         self.last_written = (epoch, step)   # on every rank: they decide the same
         if not runtime.is_main_process():
             return

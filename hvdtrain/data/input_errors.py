@@ -15,7 +15,12 @@ import tensorflow as tf
 from hvdtrain import errors
 from hvdtrain.errors import UsageError
 
-__all__ = ["each_file", "reason", "usage_error"]
+__all__ = ["MODEL_INPUT", "each_file", "reason", "usage_error"]
+
+# Starts the message of a check a model's layer makes of its inputs inside
+# the train step (an id outside an embedding table); such a check fails on
+# every worker in the same step.
+MODEL_INPUT = "bad model input: "
 
 # What TensorFlow puts around the reason on one line.
 _NOISE = re.compile(
@@ -35,8 +40,8 @@ def reason(error):
             continue
         text = _NOISE.sub("", line).strip()
         assertion = _ASSERTION.search(text)
-        if assertion:  # a tf.debugging check: its own message, not its operands
-            return assertion.group(1)
+        if assertion:  # a tf.debugging check: its own message (unescaped), not its operands
+            return assertion.group(1).replace("\\'", "'").replace('\\"', '"')
         if text:
             return text.replace("' failed with ", ": ")
     return type(error).__name__
@@ -51,7 +56,10 @@ def from_pipeline(error):
 
 def usage_error(error, *datasets):
     """The UsageError for `error` if it came from the input pipeline of one
-    of `datasets` (ShardedDatasets; None ones are skipped), else None."""
+    of `datasets` (ShardedDatasets; None ones are skipped) or from a layer's
+    check of its inputs, else None."""
+    if isinstance(error, tf.errors.OpError) and reason(error).startswith(MODEL_INPUT):
+        return UsageError(reason(error).removeprefix(MODEL_INPUT))
     if not from_pipeline(error):
         return None
     for dataset in datasets:

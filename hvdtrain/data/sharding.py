@@ -11,9 +11,11 @@ those steps are the epoch's remainder, read by no worker that epoch; their
 count is logged. Each epoch is shuffled with a seed derived from (seed,
 epoch), so epoch k has the same order whether or not the run was resumed.
 
-Evaluation: every example of the split once, the last batch possibly short;
-workers may take different numbers of steps (evaluation has no collectives
-until its end, see evaluation.py).
+Evaluation: every example of the split once, the last batch possibly short.
+Every worker takes the same number of steps, those past the end of its part
+with empty batches, which add nothing to the metrics: a model whose forward
+pass exchanges data between the workers (a table sharded across them, see
+hvdtrain.layers) needs every worker in each of its steps.
 """
 
 import dataclasses
@@ -119,12 +121,26 @@ def training(examples, shard_examples, split_examples, batch_size, num_workers):
 
 
 def evaluation(examples, shard_examples, split_examples, batch_size):
-    """All of this worker's examples, once, in batches."""
+    """All of this worker's examples, once, in batches, then empty batches
+    up to the steps of the worker with the most."""
     if shard_examples == 0:
         raise UsageError(f"the evaluation split has {split_examples} examples, fewer than "
                          "the workers; evaluate on fewer processes")
-    steps = math.ceil(shard_examples / batch_size)
-    # A known length lets Keras end evaluation without running into the end of the data.
-    return ShardedDataset(lambda epoch=0: examples(epoch).batch(batch_size).apply(
-        tf.data.experimental.assert_cardinality(steps)).prefetch(tf.data.AUTOTUNE),
-        steps, split_examples, 0)
+    own = math.ceil(shard_examples / batch_size)
+    steps = collectives.agree_on_max(own, name="hvdtrain.evaluation_steps")
+
+    def batches(epoch=0):
+        batched = examples(epoch).batch(batch_size)
+        if steps > own:
+            batched = batched.concatenate(batched.take(1).map(_emptied).repeat(steps - own))
+        # A known length lets Keras end evaluation without running into the end of the data.
+        return batched.apply(tf.data.experimental.assert_cardinality(steps)).prefetch(
+            tf.data.AUTOTUNE)
+
+    return ShardedDataset(batches, steps, split_examples, 0)
+
+
+@tf.autograph.experimental.do_not_convert
+def _emptied(*batch):
+    """`batch` with no examples: every tensor's first dimension cut to 0."""
+    return tf.nest.map_structure(lambda t: t[:0], batch if len(batch) > 1 else batch[0])

@@ -1,0 +1,157 @@
+"""Tables sharded across workers (hvdtrain.layers.ShardedEmbedding) at np=2:
+
+- training equals training the same model with a replicated table: SGD and
+  Adagrad to round-off, lazy Adam against an independent NumPy reference;
+  row-wise and table-wise placement; duplicate ids within a batch and across
+  ranks; a table whose rows do not split evenly;
+- wide_and_deep with --option=embeddings=sharded learns the synthetic
+  log's signal as the replicated run does, exports ordinary Embedding
+  layers, resumes exactly, and resumes on another number of workers with
+  the same table;
+- an id out of range, and a table too large for a worker, end every rank
+  with one line naming it.
+"""
+
+import re
+import textwrap
+
+import numpy as np
+import pytest
+
+from launch import horovodrun, rank_lines, worker
+from parallel.test_wide_and_deep import SYNTHETIC, SYNTHETIC_AUC, val_auc
+
+PLACEMENTS = [("sgd", "rows"), ("adagrad", "rows"), ("adagrad", "table"), ("adam", "rows")]
+
+
+@pytest.mark.parametrize("optimizer, placement", PLACEMENTS,
+                         ids=[f"{o}-{p}" for o, p in PLACEMENTS])
+def test_sharded_training_equals_the_replicated_reference(tmp_path, optimizer, placement):
+    result = horovodrun([*worker("sharded_embedding"), tmp_path, optimizer, placement])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    found = np.load(tmp_path / f"{optimizer}.npz")
+    start = np.random.default_rng(7).normal(size=found["replicated_table"].shape)
+    # Lazy Adam's reference runs in float64, the layer in float32.
+    tolerance = 1e-4 if optimizer == "adam" else 1e-6
+    # Training moved every row well past the tolerance: the tables agree
+    # because both trained alike, not because neither moved.
+    assert np.abs(found["replicated_table"] - start).max(axis=1).min() > 100 * tolerance
+    np.testing.assert_allclose(found["sharded_table"], found["replicated_table"], rtol=0,
+                               atol=tolerance)
+    np.testing.assert_allclose(found["sharded_dense"], found["replicated_dense"], rtol=0,
+                               atol=tolerance)
+    rows = len(start)
+    assert int(found["shard_rows"]) == ((rows + 1) // 2 if placement == "rows" else rows)
+
+
+TINY = ["--option=table_rows=4096", "--option=embedding_dim=8", "--option=hidden_units=32",
+        "--option=synthetic_examples=4000", "--batch_size=128", "--intra_op_threads=1",
+        "--deterministic"]
+
+
+def train(model_dir, *args, np=2, controller="gloo"):
+    result = horovodrun(["hvdtrain", "train", "--recipe=wide_and_deep", f"--model_dir={model_dir}",
+                         *args], np=np, controller=controller, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def exported(model_dir):
+    import keras
+
+    from hvdtrain.recipes import wide_and_deep  # noqa: F401  (registers its layers)
+
+    return keras.saving.load_model(model_dir / "model.keras", compile=False)
+
+
+def test_the_recipe_sharded_learns_and_exports_plain_embeddings(tmp_path):
+    import keras
+
+    # The replicated run's settings and bar (tests/parallel/test_wide_and_deep.py).
+    result = train(tmp_path, *SYNTHETIC, "--option=embeddings=sharded")
+    assert val_auc(result) > SYNTHETIC_AUC
+    model = exported(tmp_path)
+    for name in ("deep_embedding", "wide_weights"):
+        layer = model.get_layer(name)
+        assert type(layer) is keras.layers.Embedding
+        assert layer.embeddings.shape == (8192, layer.output_dim)
+
+
+def test_resumes_exactly_and_on_another_number_of_workers(tmp_path):
+    adam = [*TINY, "--option=embeddings=sharded"]   # lazy Adam: its moments are state too
+    train(tmp_path / "straight", *adam, "--epochs=2")
+    train(tmp_path / "resumed", *adam, "--epochs=1")
+    train(tmp_path / "resumed", *adam, "--epochs=2", "--resume")
+    straight, resumed = exported(tmp_path / "straight"), exported(tmp_path / "resumed")
+    for a, b in zip(straight.weights, resumed.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+    # Written by 2 workers, read by 1 (nothing left to train: the state as
+    # restored is what it exports), written by 1, read by 2.
+    for np_ in (1, 2):
+        train(tmp_path / "resumed", *adam, "--epochs=2", "--resume", np=np_)
+        again = exported(tmp_path / "resumed")
+        for a, b in zip(straight.weights, again.weights):
+            np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=f"np={np_}: {a.path}")
+
+
+RECIPE = '''
+"""A recommender on ids of a table of --option=rows rows; rank 1's rows of
+the data hold the id --option=bad_id when it is set (not -1)."""
+import keras
+import numpy as np
+
+from hvdtrain.data import from_arrays
+from hvdtrain.layers import ShardedEmbedding
+from hvdtrain.recipe import Option, Recipe, Splits
+
+
+def build_model(config):
+    ids = keras.Input((3,), dtype="int64")
+    table = ShardedEmbedding(config.options["rows"], 4, name="item_table")(ids)
+    return keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(table)))
+
+
+def load_data(config):
+    ids = np.arange(192).reshape(64, 3) % 50
+    if config.options["bad_id"] != -1:
+        ids[33, 1] = config.options["bad_id"]   # row 33: rank 1's, of 2 workers
+    labels = np.ones((64, 1), "float32")
+    return Splits(train=from_arrays((ids, labels), config.batch_size, training=True,
+                                    seed=config.seed))
+
+
+RECIPE = Recipe(name="sharded_recipe", build_model=build_model, load_data=load_data,
+                loss="mse", defaults=dict(epochs=1, batch_size=8, optimizer="adagrad"),
+                options={"rows": Option(50, "rows"), "bad_id": Option(-1, "a bad id")})
+'''
+
+# Regular expressions of what the line says.
+BAD = {
+    "id past the table": (["--option=bad_id=50"], re.escape(
+        "embedding table 'item_table' got id 50, outside [0, 50): check the ids")),
+    "negative id": (["--option=bad_id=-7"], "embedding table 'item_table' got id -7,"),
+    "table too large": (["--option=rows=1099511627776"],
+                        r"embedding table 'item_table' needs 8\.0 TiB on this worker, more "
+                        r"than the [\d.]+ [KMG]iB it may take"),
+    "optimizer without a sparse rule": (["--optimizer=rmsprop"],
+                                        "RMSprop has no sparse update; use sgd, adagrad or "
+                                        "adam"),
+    "clipping by norm": (["--global_clipnorm=1"], "clipping by norm needs the whole table"),
+    "xla": (["--jit_compile"], "exchange rows inside the forward pass, which XLA cannot hold"),
+}
+
+
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_bad_input_ends_every_rank_with_one_line(tmp_path, case):
+    recipe = tmp_path / "sharded_recipe.py"
+    recipe.write_text(textwrap.dedent(RECIPE))
+    args, expected = BAD[case]
+    result = horovodrun(["hvdtrain", "train", f"--recipe={recipe}", "--intra_op_threads=1",
+                         f"--model_dir={tmp_path / 'run'}", *args], timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    errors = {rank: text for rank, text in rank_lines(output) if "hvdtrain: error:" in text}
+    # Both ranks find it in the same step, and print the same line.
+    assert set(errors) == {0, 1} and len(set(errors.values())) == 1, output[-3000:]
+    assert re.search(expected, errors[0]), errors[0]
+    assert not any("Traceback" in text for _, text in rank_lines(output)), output[-3000:]
