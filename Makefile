@@ -44,6 +44,7 @@ bench: setup
 	python bench/startup.py
 	python bench/preemption.py
 	python bench/step_options.py
+	python bench/sharded_embeddings.py
 	-bash bench/keras2_env.sh
 	python bench/alternatives.py
 

@@ -11,7 +11,9 @@ It runs, in order:
   2. bench/gpu_resnet50.py: ResNet-50 at float32, mixed_float16 and
      mixed_bfloat16, hvdtrain against plain Keras, and with XLA
      (--jit_compile) against without, on one GPU;
-  3. the demo (`make demo`'s job) at np = the GPUs of this node.
+  3. the demo (`make demo`'s job) at np = the GPUs of this node;
+  4. wide_and_deep with its tables sharded across those GPUs
+     (--option=embeddings=sharded: lookups by NCCL's alltoall), small.
 Each step's verdict is in the JSON; the exit status is 0 only if all passed.
 """
 
@@ -38,6 +40,12 @@ RESNET_FULL = ["--windows=4"]
 RESNET_TINY = ["--image_size=32", "--num_classes=10", "--batch_size=2", "--warmup_steps=1",
                "--window_steps=2", "--windows=2", "--precisions=float32,mixed_bfloat16"]
 DEMO_ACCURACY = 0.95   # make demo's bar (tests/parallel/test_demo.py)
+# tests/parallel/test_wide_and_deep.py's synthetic settings and bar.
+SHARDED = ["--recipe=wide_and_deep", "--option=embeddings=sharded", "--option=table_rows=8192",
+           "--option=embedding_dim=8", "--option=hidden_units=64,32", "--batch_size=128",
+           "--option=synthetic_examples=16000", "--epochs=2", "--optimizer=sgd", "--momentum=0",
+           "--learning_rate=0.3"]
+SHARDED_AUC = 0.65
 
 
 def check_doctor():
@@ -68,22 +76,39 @@ def check_resnet50(output):
 
 def check_demo(workers, model_dir):
     epochs = ["--epochs=2"] if FLAGS.tiny else []
-    command = ["horovodrun", "--config-file", "horovodrun.cfg", "-np", str(workers),
-               "-H", f"localhost:{workers}", "hvdtrain", "train", "--recipe=digits_cnn",
-               f"--model_dir={model_dir}", *epochs]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+    found, result = _train(workers, ["--recipe=digits_cnn", f"--model_dir={model_dir}", *epochs])
     accuracy = re.search(r"val_accuracy (\d\.\d+)", result.stdout)
-    # Absent when a run is too short to leave warm-up (--tiny).
-    rate = re.search(r"hvdtrain: throughput (\S+) (\w+)/s", result.stdout)
-    found = dict(workers=workers, command=" ".join(command),
-                 val_accuracy=accuracy and float(accuracy.group(1)),
-                 per_second=rate and float(rate.group(1)), unit=rate and rate.group(2))
+    found["val_accuracy"] = accuracy and float(accuracy.group(1))
     problems = []
     if result.returncode != 0 or accuracy is None:
         problems.append(_last_line(result))
     elif not FLAGS.tiny and found["val_accuracy"] < DEMO_ACCURACY:
         problems.append(f"val_accuracy {found['val_accuracy']} < {DEMO_ACCURACY}")
     return dict(ok=not problems, problems=problems, **found)
+
+
+def check_sharded(workers, model_dir):
+    found, result = _train(workers, [*SHARDED, f"--model_dir={model_dir}"])
+    auc = re.search(r"val_auc (\d\.\d+)", result.stdout)
+    found["val_auc"] = auc and float(auc.group(1))
+    problems = []
+    if result.returncode != 0 or auc is None:
+        problems.append(_last_line(result))
+    elif found["val_auc"] < SHARDED_AUC:
+        problems.append(f"val_auc {found['val_auc']} < {SHARDED_AUC}")
+    return dict(ok=not problems, problems=problems, **found)
+
+
+def _train(workers, args):
+    """({workers, command, per_second, unit}, the run) of `hvdtrain train`
+    with `args` at np=`workers`."""
+    command = ["horovodrun", "--config-file", "horovodrun.cfg", "-np", str(workers),
+               "-H", f"localhost:{workers}", "hvdtrain", "train", *args]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+    # Absent when a run is too short to leave warm-up (--tiny).
+    rate = re.search(r"hvdtrain: throughput (\S+) (\w+)/s", result.stdout)
+    return dict(workers=workers, command=" ".join(command),
+                per_second=rate and float(rate.group(1)), unit=rate and rate.group(2)), result
 
 
 def _last_line(result):
@@ -100,7 +125,8 @@ def main(argv):
         steps = [("doctor", check_doctor),
                  ("resnet50", lambda: check_resnet50(pathlib.Path(scratch) / "resnet50.json")),
                  # One process per GPU; two on a machine without one.
-                 ("demo", lambda: check_demo(gpus or 2, pathlib.Path(scratch) / "demo"))]
+                 ("demo", lambda: check_demo(gpus or 2, pathlib.Path(scratch) / "demo")),
+                 ("sharded", lambda: check_sharded(gpus or 2, pathlib.Path(scratch) / "sharded"))]
         for name, step in steps:
             began = time.perf_counter()
             results[name] = step()

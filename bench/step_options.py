@@ -25,7 +25,6 @@ collectives costs XLA nothing). Rank 0 prints a table and writes JSON.
 
 import json
 import pathlib
-import statistics
 
 from absl import app, flags
 
@@ -110,21 +109,11 @@ def work(scratch):
                 steps_per_epoch=FLAGS.steps, callbacks=chosen, verbose=0)
         return meter.epoch_measurement.total.mean if epoch else None
 
-    for name in names:   # tracing, XLA's compiling, the profiled window
-        fit(name, 0)
-    rates = {name: [] for name in names}
-    for epoch in range(1, FLAGS.epochs):
-        for name in names[::1 if epoch % 2 else -1]:
-            rates[name].append(fit(name, epoch))
-    first = rates[names[0]]
-    ratios = {name: [a / b for a, b in zip(rates[name], first)] for name in names[1:]}
-    drift = [b / a for a, b in zip(first, first[1:])]
+    # The first epoch traces, compiles with XLA and records the profiled window.
+    measured = horovod_workers.side_by_side(names, fit, FLAGS.epochs)
     if hvdtrain.is_main_process():
-        pathlib.Path(FLAGS.output).write_text(json.dumps(dict(
-            examples_per_second={n: statistics.median(r) for n, r in rates.items()},
-            ratio={n: statistics.median(r) for n, r in ratios.items()}, ratios=ratios,
-            rates=rates, noise=[min(drift, default=1.0), max(drift, default=1.0)],
-            workers=hvdtrain.size()), indent=1))
+        pathlib.Path(FLAGS.output).write_text(json.dumps(
+            dict(measured, workers=hvdtrain.size()), indent=1))
 
 
 if __name__ == "__main__":

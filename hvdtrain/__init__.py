@@ -1,4 +1,5 @@
-"""hvdtrain: data-parallel training of Keras 3 models with Horovod.
+"""hvdtrain: data-parallel training of Keras 3 models with Horovod, and tables
+sharded across the workers where data parallelism alone breaks (hvdtrain.layers).
 
 Names load on first use, so that the command line can check its input and
 fail before TensorFlow starts.
@@ -28,7 +29,7 @@ _EXPORTS = {
     "size": "hvdtrain.runtime",
     "train": "hvdtrain.trainer",
 }
-_SUBMODULES = ("callbacks", "checkpoint", "data", "elastic", "recipe")
+_SUBMODULES = ("callbacks", "checkpoint", "data", "elastic", "layers", "recipe")
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 

@@ -136,7 +136,9 @@ class ShardedEmbedding(keras.layers.Layer):
         received_ids, headers = _without_headers(received, received_counts)
         with tf.control_dependencies([self._check(headers[:, 0] > 0, headers[:, 1])]):
             local = (received_ids // size if placement.owner is None else received_ids)
-            vectors = tf.gather(self.embeddings, local)
+            # In the variable's dtype: Keras's autocast would read bfloat16 under
+            # mixed_bfloat16, which Horovod's alltoall does not carry.
+            vectors = tf.cast(tf.gather(self.embeddings, local), self.variable_dtype)
         returned = _exchange(vectors, received_counts - _HEADER,
                              f"hvdtrain.embedding.{self.name}.rows")
         # Back in the order the ids were sent: undo the sort.
@@ -238,7 +240,7 @@ def replicated_copy(model):
                                       weights=[whole[id(layer)]])
 
     copy = keras.models.clone_model(model, clone_function=clone)
-    for layer in model.layers:
-        if not isinstance(layer, ShardedEmbedding):
+    for layer in model.layers:   # cloned layers keep their names (the inputs' are new)
+        if layer.weights and not isinstance(layer, ShardedEmbedding):
             copy.get_layer(layer.name).set_weights(layer.get_weights())
     return copy

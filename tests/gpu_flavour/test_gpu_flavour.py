@@ -101,5 +101,6 @@ def test_the_gpu_check_runs_tiny_on_cpu(tmp_path):
         (precision, contender) for precision in ("float32", "mixed_bfloat16")
         for contender in ("keras", "hvdtrain", "hvdtrain_xla")]
     assert results["demo"]["workers"] == 2 and results["demo"]["val_accuracy"] > 0.5
-    for line in ("doctor", "resnet50", "demo"):
+    assert results["sharded"]["workers"] == 2 and results["sharded"]["val_auc"] > 0.65
+    for line in ("doctor", "resnet50", "demo", "sharded"):
         assert re.search(rf"^gpu_check: {line} +ok \(\d+ s\)$", result.stdout, re.MULTILINE)

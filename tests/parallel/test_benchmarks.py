@@ -1,8 +1,9 @@
 """bench/allreduce_bandwidth.py, np1_overhead.py, weak_scaling.py,
-startup.py, preemption.py and step_options.py at tiny sizes: each runs and
-writes the JSON its report is made from, with positive times and its ratios
-computed. Their numbers mean nothing at these sizes, so the six run at once
-(the first test waits)."""
+startup.py, preemption.py, step_options.py and sharded_embeddings.py at tiny
+sizes: each runs and writes the JSON its report is made from, with positive
+times and its ratios computed. Their numbers mean nothing at these sizes, so
+the seven run at once (the first test waits); the memory and bytes
+sharded_embeddings.py counts do not depend on speed, and are checked."""
 
 import json
 import statistics
@@ -24,6 +25,8 @@ FLAGS = {
     "preemption": ["--rounds=1", "--epochs=2", "--stops=SIGTERM:1"],
     "step_options": ["--epochs=3", "--steps=12", "--batch_size=4", "--image_size=8",
                      "--warmup_steps=2", "--window_steps=3"],
+    "sharded_embeddings": ["--rows_log2=10,12", "--epochs=3", "--steps=4", "--batch_size=8",
+                           "--width=4", "--warmup_steps=1", "--window_steps=1"],
 }
 
 
@@ -151,3 +154,25 @@ def test_step_options(outputs):
             assert r["ratios"][name] == pytest.approx(ratios)
             assert r["ratio"][name] == pytest.approx(statistics.median(ratios))
         assert r["noise"] == [pytest.approx(first[1] / first[0])] * 2
+
+
+def test_sharded_embeddings(outputs):
+    results = load(outputs["sharded_embeddings"])
+    runs = ("replicated_adam", "replicated_sgd", "sharded_adam")
+    for log2, r in results.items():
+        rows = 2 ** int(log2)
+        assert r["rows"] == rows and r["workers"] == 2
+        first = r["rates"][runs[0]]
+        assert len(first) == 2 and all(rate > 0 for rate in first)
+        for name in runs[1:]:
+            assert r["ratio"][name] == pytest.approx(statistics.median(
+                [a / b for a, b in zip(r["rates"][name], first)]))
+        # A table of 4 float32 per row: Adam keeps two slots beside it, SGD none;
+        # sharded, rank 0 holds half the rows.
+        table = rows * 4 * 4
+        assert r["table_bytes"] == {"replicated_adam": 3 * table, "replicated_sgd": table,
+                                    "sharded_adam": 3 * table // 2}
+        # Replicated, each worker sends its 8 x 26 rows with their indices.
+        assert r["bytes_sent"]["replicated_adam"] == 8 * 26 * (4 * 4 + 8)
+        assert 0 < r["bytes_sent"]["sharded_adam"] < 8 * 26 * (8 + 2 * 4 * 4)
+

@@ -5,7 +5,7 @@
   row-wise and table-wise placement; duplicate ids within a batch and across
   ranks; a table whose rows do not split evenly;
 - wide_and_deep with --option=embeddings=sharded learns the synthetic
-  log's signal as the replicated run does, exports ordinary Embedding
+  log's signal as the replicated run does (under mixed_bfloat16), exports ordinary Embedding
   layers, resumes exactly, and resumes on another number of workers with
   the same table;
 - an id out of range, and a table too large for a worker, end every rank
@@ -67,8 +67,10 @@ def exported(model_dir):
 def test_the_recipe_sharded_learns_and_exports_plain_embeddings(tmp_path):
     import keras
 
-    # The replicated run's settings and bar (tests/parallel/test_wide_and_deep.py).
-    result = train(tmp_path, *SYNTHETIC, "--option=embeddings=sharded")
+    # The replicated run's settings and bar (tests/parallel/test_wide_and_deep.py),
+    # computing in bfloat16 (the rows travel in the table's float32).
+    result = train(tmp_path, *SYNTHETIC, "--option=embeddings=sharded",
+                   "--precision=mixed_bfloat16")
     assert val_auc(result) > SYNTHETIC_AUC
     model = exported(tmp_path)
     for name in ("deep_embedding", "wide_weights"):
