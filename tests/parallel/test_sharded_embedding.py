@@ -5,19 +5,22 @@
   row-wise and table-wise placement; duplicate ids within a batch and across
   ranks; a table whose rows do not split evenly;
 - wide_and_deep with --option=embeddings=sharded learns the synthetic
-  log's signal as the replicated run does (under mixed_bfloat16), exports ordinary Embedding
-  layers, resumes exactly, and resumes on another number of workers with
-  the same table;
-- an id out of range, and a table too large for a worker, end every rank
-  with one line naming it.
+  log's signal as the replicated run does (under mixed_bfloat16), exports
+  ordinary Embedding layers, evaluates (exported or from a checkpoint) to
+  what its validation reported, resumes exactly, and resumes on another
+  number of workers with the same table;
+- an id out of range, a table too large for a worker, and settings the
+  sparse updates cannot follow end every rank with one line naming them.
 """
 
+import json
 import re
 import textwrap
 
 import numpy as np
 import pytest
 
+from hvdtrain import checkpoint, run_log
 from launch import horovodrun, rank_lines, worker
 from parallel.test_wide_and_deep import SYNTHETIC, SYNTHETIC_AUC, val_auc
 
@@ -77,6 +80,19 @@ def test_the_recipe_sharded_learns_and_exports_plain_embeddings(tmp_path):
         layer = model.get_layer(name)
         assert type(layer) is keras.layers.Embedding
         assert layer.embeddings.shape == (8192, layer.output_dim)
+
+    # hvdtrain evaluate builds the recipe's sharded model and gives each
+    # worker its rows, of the exported table or of a checkpoint's: both
+    # report what training's last validation did.
+    reported = [r for r in run_log.read(tmp_path) if r["event"] == "epoch"][-1]["metrics"]
+    newest = checkpoint.listed(tmp_path / "checkpoints")[0].name
+    for source, written in ((), "evaluation-validation.json"), (
+            (f"--checkpoint={newest}",), f"evaluation-validation-{newest}.json"):
+        result = horovodrun(["hvdtrain", "evaluate", f"--model_dir={tmp_path}", *source])
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        metrics = json.loads((tmp_path / written).read_text())["metrics"]
+        assert metrics["auc"] == pytest.approx(reported["val_auc"], rel=1e-4), source
+        assert metrics["loss"] == pytest.approx(reported["val_loss"], rel=1e-4), source
 
 
 def test_resumes_exactly_and_on_another_number_of_workers(tmp_path):
