@@ -151,11 +151,10 @@ BAD = {
     "table too large": (["--option=rows=1099511627776"],
                         r"embedding table 'item_table' needs 8\.0 TiB on this worker, more "
                         r"than the [\d.]+ [KMG]iB it may take"),
+    # The other refusals of tests/unit/test_sharded_embedding.py come the same way.
     "optimizer without a sparse rule": (["--optimizer=rmsprop"],
                                         "RMSprop has no sparse update; use sgd, adagrad or "
                                         "adam"),
-    "clipping by norm": (["--global_clipnorm=1"], "clipping by norm needs the whole table"),
-    "xla": (["--jit_compile"], "exchange rows inside the forward pass, which XLA cannot hold"),
 }
 
 

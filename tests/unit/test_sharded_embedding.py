@@ -1,6 +1,6 @@
 """ShardedEmbedding in one process: a drop-in for keras.layers.Embedding,
 lazy Adam's difference from Keras's dense Adam, the placements' rows, and
-the optimizer settings the sparse rules refuse."""
+the settings the sparse rules and the lookups' collectives refuse."""
 
 import keras
 import numpy as np
@@ -103,3 +103,12 @@ def test_bad_placement_and_sizes_are_refused():
         ShardedEmbedding(10, 4, placement="columns")
     with pytest.raises(UsageError, match="positive integers"):
         ShardedEmbedding(0, 4)
+
+
+def test_xla_is_refused_for_the_lookups_collectives():
+    model = recommender(ShardedEmbedding(10, 4))
+    model.compile(hvdtrain.DistributedOptimizer(keras.optimizers.Adam()), "mse",
+                  jit_compile=False)
+    with pytest.raises(UsageError, match="exchange rows inside the forward pass"):
+        hvdtrain.jit_compile(model)
+
