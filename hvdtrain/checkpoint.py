@@ -48,7 +48,7 @@ from hvdtrain.training_state import Position, continue_at, training_variables
 
 __all__ = ["FORMAT", "META", "STATE_SETTINGS", "VARIABLES", "Checkpoint", "CorruptCheckpoint",
            "all_finite", "assign", "listed", "newest", "read", "refuse_to_overwrite", "restore",
-           "retain", "save", "scatter_shards"]
+           "retain", "save"]
 
 VARIABLES = "variables.npz"
 META = "checkpoint.json"
@@ -205,7 +205,7 @@ def newest(directory):
 def assign(variables, checkpoint, values):
     """Sets `variables` to a checkpoint's values, after checking that all of
     them fit: a checkpoint is loaded whole or not at all. Sharded variables
-    are checked against their whole table and left for `scatter_shards`.
+    are checked against their whole table and left for `sharding.scatter`.
 
     Args:
         variables: The Keras variables to set, in the order they were saved
@@ -234,16 +234,6 @@ def assign(variables, checkpoint, values):
     for variable, value in zip(variables, values):
         if not sharding.is_sharded(variable):
             variable.assign(value)
-
-
-def scatter_shards(variables, values):
-    """Gives every worker its rows of the sharded tables among `variables`
-    from the values rank 0 read (`read`'s, after `assign`; None on other
-    ranks). Call it on every rank; nothing happens without sharded tables.
-    """
-    variables = list(variables)
-    if any(sharding.is_sharded(v) for v in variables):
-        sharding.scatter(variables, values, name="hvdtrain.restore")
 
 
 def retain(directory, keep, mode=None):
@@ -300,6 +290,10 @@ def restore(model, directory, config, steps):
             backward_passes_per_step or use of EMA, or its variables do not
             fit the model.
     """
+    # On every rank: the state restored includes the optimizer's variables,
+    # and each rank takes its rows of the sharded ones.
+    if not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
     error, found, values = None, None, None
     if runtime.is_main_process():
         atomic_files.remove_unfinished(directory)
@@ -314,9 +308,7 @@ def restore(model, directory, config, steps):
     if saved is None:
         logging.info("no checkpoint in %s: training from the start", directory)
         return 0, 0, None, {}
-    if not model.optimizer.built:
-        model.optimizer.build(model.trainable_variables)
-    scatter_shards(training_variables(model), values)
+    sharding.scatter(training_variables(model), values, name="hvdtrain.restore")
     epoch, step = continue_at(saved, steps, hvd.size(), config.batch_size)
     going_on = Position(epoch, step, steps, hvd.size(), config.batch_size)
     if (saved.workers, saved.batch_size) != (hvd.size(), config.batch_size):
@@ -370,8 +362,6 @@ def _load_newest(model, directory, config):
     if changed:
         logging.info("resuming with changed settings: %s", ", ".join(
             f"{name} {old} -> {new}" for name, (old, new) in sorted(changed.items())))
-    if not model.optimizer.built:
-        model.optimizer.build(model.trainable_variables)
     assign(training_variables(model), found, values)
     return found, values
 

@@ -109,6 +109,12 @@ def _evaluate(given, model_dir, split, checkpoint_name, output, recipe_given):
     keras.utils.set_random_seed(config.seed)
     watchdog.progress("building the model")
     model = compiled_model.compile_model(recipe.build_model(config), recipe, config)
+    # A checkpoint holds the optimizer's variables too (on every rank: each
+    # takes its rows of the sharded ones).
+    loaded = model.weights
+    if checkpoint_name:
+        model.optimizer.build(model.trainable_variables)
+        loaded = training_state.training_variables(model)
     error, values = None, None
     if runtime.is_main_process():
         try:
@@ -117,10 +123,7 @@ def _evaluate(given, model_dir, split, checkpoint_name, output, recipe_given):
             error = e
     collectives.raise_together(error)
     collectives.broadcast_variables(model.variables, root_rank=0)
-    if checkpoint_name is not None and not model.optimizer.built:
-        model.optimizer.build(model.trainable_variables)
-    checkpoint.scatter_shards(training_state.training_variables(model) if checkpoint_name
-                              is not None else model.weights, values)
+    sharding.scatter(loaded, values, name="hvdtrain.evaluate")
 
     watchdog.progress("loading data")
     data = load_split(config)
@@ -223,14 +226,13 @@ def _load(model, recipe_name, source, stored):
     """Sets `model`'s weights (rank 0) from the checkpoint `stored`
     (checkpoint.read's), or from the `.keras` file `source`, all but those of
     sharded tables; returns the values read, whose rows of those tables
-    checkpoint.scatter_shards then gives the workers."""
+    sharding.scatter then gives the workers. With a checkpoint, build the
+    optimizer first."""
     if stored is not None:
         found, values = stored
-        optimizer = model.optimizer
-        optimizer.build(model.trainable_variables)
         checkpoint.assign(training_state.training_variables(model), found, values)
         # What validation evaluated: the weights' moving average, if kept.
-        optimizer.finalize_variable_values(model.trainable_weights)
+        model.optimizer.finalize_variable_values(model.trainable_weights)
         return values
     try:
         trained = keras.saving.load_model(source, compile=False)

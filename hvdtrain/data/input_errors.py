@@ -58,8 +58,9 @@ def usage_error(error, *datasets):
     """The UsageError for `error` if it came from the input pipeline of one
     of `datasets` (ShardedDatasets; None ones are skipped) or from a layer's
     check of its inputs, else None."""
-    if isinstance(error, tf.errors.OpError) and reason(error).startswith(MODEL_INPUT):
-        return UsageError(reason(error).removeprefix(MODEL_INPUT))
+    if isinstance(error, tf.errors.OpError) and (
+            found := reason(error)).startswith(MODEL_INPUT):
+        return UsageError(found.removeprefix(MODEL_INPUT))
     if not from_pipeline(error):
         return None
     for dataset in datasets:
