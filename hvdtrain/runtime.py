@@ -189,5 +189,9 @@ def _set_threads(intra, inter):
         if inter:
             tf.config.threading.set_inter_op_parallelism_threads(inter)
     except RuntimeError:
-        logging.warning("TensorFlow was running before hvdtrain.init(); "
-                        "its thread pools keep their sizes")
+        # A process that initialises again (several runs in one process)
+        # finds the pools as they were sized: only a change is worth a word.
+        if (tf.config.threading.get_intra_op_parallelism_threads() != intra
+                or inter and tf.config.threading.get_inter_op_parallelism_threads() != inter):
+            logging.warning("TensorFlow was running before hvdtrain.init(); "
+                            "its thread pools keep their sizes")

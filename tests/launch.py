@@ -8,11 +8,19 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-WORKERS = REPO / "tests" / "parallel" / "workers"
+WORKERS = REPO / "tests" / "workers"
+
+
+# What a launcher tells the processes it starts: a command the tests start
+# from a rank of a ranked launch (tests/ranked) must not take it for its own.
+_LAUNCH_VARIABLES = re.compile(
+    r"^(HOROVOD_((LOCAL_|CROSS_)?(RANK|SIZE)|HOSTNAME|GLOO_\w+|CONTROLLER|CPU_OPERATIONS"
+    r"|DYNAMIC_PROCESS_SETS)|OMPI_\w+|PMIX_\w+|PMI_\w+|OPAL_\w+|PRTE_\w+)$")
 
 
 def environment(extra):
-    env = dict(os.environ, **(extra or {}))
+    env = {k: v for k, v in os.environ.items() if not _LAUNCH_VARIABLES.match(k)}
+    env.update(extra or {})
     # Two processes share the machine's cores; keep BLAS pools from oversubscribing.
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env["PATH"] = f"{pathlib.Path(sys.executable).parent}{os.pathsep}{env['PATH']}"

@@ -1,9 +1,9 @@
 """Trains small models at np>=2 in ways that give the ranks' layers and
-variables different auto-generated names; prints "trained <case> <loss>" per
-case on each rank. Any collective named after something rank-specific would
-block every rank.
+variables different auto-generated names (tests/ranked/test_reduction.py
+runs them); prints "trained <case> <loss>" per case on each rank. Any
+collective named after something rank-specific would block every rank.
 
-Cases (argv[2:]): "extra_layer": rank 1 makes a throwaway layer first, then
+The cases: "extra_layer": rank 1 makes a throwaway layer first, then
 every rank fits with DistributedOptimizer and runs a DistributedGradientTape
 step; "load_twice": Horovod's load_model test twice in one process: every rank
 fits a model, rank 0 saves it and loads it back with hvd.load_model while
@@ -12,8 +12,6 @@ the others build a new one; all fit that;
 accumulating DistributedOptimizers (their reductions in two cond branches
 of one graph).
 """
-
-import sys
 
 import keras
 import numpy as np
@@ -55,6 +53,7 @@ def extra_layer():
 
 
 def load_twice(out):
+    """(out: a directory every rank sees.)"""
     for number in (1, 2):
         trained = make_model()
         trained.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)),
@@ -92,9 +91,3 @@ def two_optimizers():
     print(f"trained two_optimizers {float(loss):.6f}", flush=True)
 
 
-OUT = sys.argv[1]
-hvd.init()
-CASES = {"extra_layer": extra_layer, "load_twice": lambda: load_twice(OUT),
-         "two_optimizers": two_optimizers}
-for name in sys.argv[2:]:
-    CASES[name]()

@@ -1,5 +1,7 @@
-"""Runs one update of a small model per variant of the gradient reduction and
-writes each rank's weights before and after to OUT/<variant>.rank<r>.npz.
+"""One update of a small model per variant of the gradient reduction:
+`run(variant)` in a test's own process (tests/ranked/test_reduction.py), or
+`python variants.py OUT VARIANTS` for single-process references, writing
+each variant's weights before and after to OUT/<variant>.rank0.npz.
 
 A variant (JSON) names: model ("dense" or "embedding"), loop ("fit" with
 DistributedOptimizer, or "tape" with DistributedGradientTape), lr, passes
@@ -9,10 +11,8 @@ and options for the reduction. Every variant starts from the same weights.
 """
 
 import json
-import os
 import sys
 
-import horovod.tensorflow as hvd
 import keras
 import numpy as np
 import tensorflow as tf
@@ -42,7 +42,7 @@ def model(kind):
     return keras.Sequential(body + [keras.layers.Dense(2)])
 
 
-def reduction_options(options, variables):
+def reduction_options(options, variables, process_sets):
     options = dict(options)
     if "op" in options:
         options["op"] = OPS[options["op"]]
@@ -51,11 +51,13 @@ def reduction_options(options, variables):
     if options.get("groups") == "first_layer":
         options["groups"] = [variables[:2]]
     if options.pop("own_process_set", False):
-        options["process_set"] = PROCESS_SETS[hvdtrain.rank()]
+        options["process_set"] = process_sets[hvdtrain.rank()]
     return options
 
 
-def run(variant):
+def run(variant, process_sets=()):
+    """The weights (initial, after the update) of `variant`; `process_sets`:
+    one per rank (the "own_process_set" option)."""
     net = model(variant["model"])
     x, y = data(variant)
     batch = len(x) // hvdtrain.size() // variant["passes"]
@@ -63,7 +65,8 @@ def run(variant):
     assert sharded.steps == variant["passes"] and sharded.dropped == 0
     initial = net.get_weights()
     sgd = keras.optimizers.SGD(variant["lr"])
-    options = reduction_options(variant.get("options", {}), net.trainable_variables)
+    options = reduction_options(variant.get("options", {}), net.trainable_variables,
+                                process_sets)
     if variant["loop"] == "fit":
         net.compile(optimizer=hvdtrain.DistributedOptimizer(
             sgd, backward_passes_per_step=variant["passes"], **options), loss="mse")
@@ -75,20 +78,11 @@ def run(variant):
                 loss = tf.reduce_mean(loss)
             tape = hvdtrain.DistributedGradientTape(tape, **options)
             sgd.apply(tape.gradient(loss, net.trainable_variables), net.trainable_variables)
-    np.savez(f"{OUT}/{variant['name']}.rank{hvdtrain.rank()}.npz", *initial, *net.get_weights())
+    return initial, net.get_weights()
 
 
-OUT = sys.argv[1]
-VARIANTS = json.loads(sys.argv[2])
-# One process set per rank (a rank reducing alone), made at init: the
-# launcher says how many ranks there are (Gloo: HOROVOD_SIZE, MPI: OMPI_...).
-SIZE = int(os.environ.get("HOROVOD_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
-PROCESS_SETS = [hvd.ProcessSet([r]) for r in range(SIZE)] if SIZE > 1 else []
-hvdtrain.init(process_sets=PROCESS_SETS or None)
-for variant in VARIANTS:
-    run(variant)
-# A rank that ends shuts Horovod down on every rank. Ranks reducing in
-# process sets of their own do not wait for each other: the first done
-# would end the other's reductions ("Process set does not exist").
-if hvdtrain.size() > 1:
-    hvd.allreduce(tf.constant(0), name="variants.done")
+if __name__ == "__main__":
+    hvdtrain.init()
+    for variant in json.loads(sys.argv[2]):
+        initial, after = run(variant)
+        np.savez(f"{sys.argv[1]}/{variant['name']}.rank0.npz", *initial, *after)

@@ -3,10 +3,13 @@ update it must equal (the global batch on one process)."""
 
 import json
 
+import horovod.tensorflow as hvd
 import numpy as np
 import pytest
 
-from launch import horovodrun, rank_lines, run, worker
+from launch import run, worker
+from ranked.support import computed_once, gathered
+from workers import local_gradients, rank_names, variants
 
 BASE = {"model": "dense", "loop": "fit", "lr": 0.5, "passes": 1, "examples": 16}
 
@@ -53,30 +56,23 @@ def _updates(path):
             [arrays[f"arr_{i + half}"] for i in range(half)])
 
 
-@pytest.fixture(scope="module")
-def references(tmp_path_factory):
-    out = tmp_path_factory.mktemp("np1")
+def _single_process_references(out):
     unique = {v["name"]: v for _, v, _ in CASES.values()}
     result = run([*worker("variants"), out, json.dumps(list(unique.values()))])
     assert result.returncode == 0, result.stderr[-3000:]
-    return out
 
 
-@pytest.fixture(scope="module", params=["gloo", "mpi"])
-def distributed(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp(request.param)
-    result = horovodrun([*worker("variants"), out, json.dumps([v for v, _, _ in CASES.values()])],
-                        controller=request.param)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return out
+@pytest.fixture(scope="module")
+def references():
+    """Every case's reference, computed by one process alone."""
+    return computed_once("reduction-references", _single_process_references)
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
-def test_np2_equals_single_process_reference(case, distributed, references):
+def test_np2_equals_single_process_reference(case, references):
     np2, reference, rtol = CASES[case]
-    initial, after = _updates(distributed / f"{np2['name']}.rank0.npz")
+    (initial, after), (_, after_rank1) = gathered(variants.run(np2))
     reference_initial, expected = _updates(references / f"{reference['name']}.rank0.npz")
-    _, after_rank1 = _updates(distributed / f"{np2['name']}.rank1.npz")
     for init, ref_init, got, want, got1 in zip(initial, reference_initial, after, expected,
                                                after_rank1):
         np.testing.assert_array_equal(init, ref_init)
@@ -88,48 +84,51 @@ def test_np2_equals_single_process_reference(case, distributed, references):
         assert any(not np.allclose(got, want, rtol=1e-6, atol=0) for got, want in zip(after, expected))
 
 
-def test_own_process_sets_train_each_rank_on_its_shard(tmp_path, references):
+@pytest.mark.launches(controllers=("gloo",))
+def test_own_process_sets_train_each_rank_on_its_shard(tmp_path):
     alone = variant("alone", options={"own_process_set": True})
-    result = horovodrun([*worker("variants"), tmp_path, json.dumps([alone])])
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    own_sets = [hvd.add_process_set([r]) for r in range(hvd.size())]
+    try:
+        trained = gathered(variants.run(alone, own_sets))
+    finally:
+        for process_set in own_sets:
+            hvd.remove_process_set(process_set)
     shards = [variant(f"shard{r}", shard=r, examples=16) for r in (0, 1)]
     result = run([*worker("variants"), tmp_path, json.dumps(shards)])
     assert result.returncode == 0, result.stderr[-3000:]
     for r in (0, 1):
-        initial, after = _updates(tmp_path / f"alone.rank{r}.npz")
+        initial, after = trained[r]
         _, expected = _updates(tmp_path / f"shard{r}.rank0.npz")
         for init, got, want in zip(initial, after, expected):
             assert not np.allclose(got, init)
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_ranks_whose_layers_are_named_differently_train_together(tmp_path):
+@pytest.mark.launches(controllers=("gloo",))
+def test_ranks_whose_layers_are_named_differently_train_together(shared_tmp_path, capsys):
     # Rank 1's auto-generated layer names are shifted by a throwaway layer;
     # then Horovod's load_model test (rank 0 loads the model it saved, the
     # others build a new one) twice in one process; two optimizers in one step. Collectives named after
     # layers would block every rank, ones named alike would collide.
-    result = horovodrun([*worker("rank_names"), tmp_path, "extra_layer", "load_twice",
-                         "two_optimizers"], timeout=150)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    trained = [(rank, text.split()[1]) for rank, text in rank_lines(result.stdout)
-               if text.startswith("trained")]
+    rank_names.extra_layer()
+    rank_names.load_twice(shared_tmp_path)
+    rank_names.two_optimizers()
+    mine = [line.split()[1] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("trained")]
+    trained = [(rank, case) for rank, cases in enumerate(gathered(mine)) for case in cases]
     cases = ["extra_layer", "extra_layer_tape", "load_twice1_saved", "load_twice1",
              "load_twice2_saved", "load_twice2", "two_optimizers"]
     assert sorted(trained) == sorted((r, c) for r in (0, 1) for c in cases)
 
 
-def _steps(path):
-    """(own gradients, update by fit, update by the tape), each a list per variable."""
-    arrays = np.load(path)
-    count = len(arrays.files) // 3
-    return [[arrays[f"arr_{k * count + i}"] for i in range(count)] for k in range(3)]
-
-
-def test_a_rank_outside_the_process_set_keeps_its_own_gradients(tmp_path):
-    result = horovodrun([*worker("local_gradients"), tmp_path, "partial_set"], np=3)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    (own0, *updates0), (own1, *updates1), (own2, *updates2) = (
-        _steps(tmp_path / f"partial_set.rank{r}.npz") for r in range(3))
+@pytest.mark.launches(np=3)
+def test_a_rank_outside_the_process_set_keeps_its_own_gradients():
+    partial_set = hvd.add_process_set([0, 1])
+    try:
+        (own0, *updates0), (own1, *updates1), (own2, *updates2) = gathered(
+            local_gradients.steps("partial_set", process_set=partial_set))
+    finally:
+        hvd.remove_process_set(partial_set)
     for updates in (updates0, updates1):   # in the set [0, 1]: averaged over it, lr 1
         for update in updates:
             for got, g0, g1 in zip(update, own0, own1):
@@ -139,11 +138,9 @@ def test_a_rank_outside_the_process_set_keeps_its_own_gradients(tmp_path):
             np.testing.assert_allclose(got, -g2, rtol=1e-5, atol=1e-7)
 
 
-def test_local_variables_keep_their_own_gradients_scaled_as_in_horovod(tmp_path):
-    result = horovodrun([*worker("local_gradients"), tmp_path, "local", "scaled"])
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    (own0, *updates0), (own1, *updates1) = (_steps(tmp_path / f"local.rank{r}.npz")
-                                            for r in (0, 1))
+@pytest.mark.launches(controllers=("gloo",))
+def test_local_variables_keep_their_own_gradients_scaled_as_in_horovod():
+    (own0, *updates0), (own1, *updates1) = gathered(local_gradients.steps("local", scaled=True))
     for own, updates in ((own0, updates0), (own1, updates1)):
         for update in updates:
             # The first layer's kernel and bias averaged; the second layer's
