@@ -54,8 +54,15 @@ class Board:
     """Heartbeats of all ranks in an HTTP key-value store that speaks
     Horovod's KVStoreHandler protocol (PUT/GET /scope/key)."""
 
-    def __init__(self, host, port):
+    def __init__(self, host, port, server=None):
         self.url = f"http://{host}:{port}/{_SCOPE}"
+        self._server = server   # the store this process serves, if it does
+
+    def close(self):
+        """Stops the store this process serves (a process may train again)."""
+        if self._server is not None:
+            self._server.shutdown_server()
+            self._server = None
 
     @classmethod
     def from_environment(cls):
@@ -88,12 +95,12 @@ def serve_board():
     address by broadcast. A collective: call on every rank."""
     from horovod.runner.http.http_server import KVStoreServer
 
-    address = None
+    address = server = None
     if hvd.rank() == 0:
         server = KVStoreServer(verbose=0)
         address = (socket.gethostname(), server.start_server())
     host, port = hvd.broadcast_object(address, root_rank=0, name="hvdtrain.watchdog.board")
-    return Board(host, port)
+    return Board(host, port, server)
 
 
 class Watchdog:
@@ -118,6 +125,8 @@ class Watchdog:
         with self._publishing:
             self._stop.set()
             self._publish(dict(self.heartbeat(), phase="finished", done=True))
+            if self.board is not None:
+                self.board.close()
 
     def progress(self, phase=None):
         self._last = time.monotonic()

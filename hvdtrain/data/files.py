@@ -243,7 +243,10 @@ def _pipeline(entries, count, items, parse, batch_size, training, seed, determin
             shard_examples, split_examples, batch_size)
 
     def read_for_epoch(epoch):  # a new file order every epoch
-        return read(tf.random.shuffle(in_order, seed=sharding.epoch_seed(seed, epoch)))
+        # Stateless: tf.random.shuffle's kernel keeps its state between eager
+        # calls, so a second dataset built in one process got another order.
+        return read(tf.random.experimental.stateless_shuffle(
+            in_order, seed=[sharding.epoch_seed(seed, epoch), 0]))
 
     shuffled = sharding.shuffled_epochs(lambda: read(in_order), read_for_epoch, shard_examples,
                                         seed, cache)
