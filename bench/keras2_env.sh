@@ -41,7 +41,7 @@ if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
   say "pip install tensorflow-cpu==$tf_version keras numpy cmake"
   "${pip[@]}" --upgrade pip wheel setuptools >/dev/null
   "${pip[@]}" tensorflow-cpu keras numpy absl-py cmake cloudpickle psutil pyyaml packaging
-  wheels=$cache/wheels/horovod-$hvd_version-tensorflow-cpu-$tf_version-$py_tag-cpu
+  wheels=$cache/wheels/horovod-$hvd_version-tensorflow-cpu-$tf_version-$py_tag-fixes$(source_fixes_key)-cpu
   build_horovod_wheel "$venv" "$hvd_version" "$wheels"
   say "installing the Horovod wheel from $wheels"
   "${pip[@]}" --no-deps --force-reinstall "$wheels"/horovod-*.whl

@@ -57,6 +57,93 @@ GpuStreamHandle AsGpuStreamValue(Stream* stream);
 } // namespace gpu
 } // namespace stream_executor
 """),
+    ("horovod/common/timeline.cc",
+     # The timeline's writer thread waits for records by yielding in a loop,
+     # and a yield returns at once on a CPU with nothing else queued: the
+     # coordinator spins a whole core from hvd.init on, whenever
+     # HOROVOD_TIMELINE is set (DYNAMIC included, with no timeline started).
+     # Records wait in a queue of a million; a millisecond's sleep loses none.
+     "timeline: the writer sleeps between records instead of spinning a core",
+     """    // Allow scheduler to schedule other work for this core.
+    std::this_thread::yield();
+""",
+     """    // Wait for records without spinning a core.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+"""),
+    ("horovod/common/util.py",
+     # horovodrun asks whether its extension was built with Gloo or MPI by
+     # importing it (and so TensorFlow) in a new process: about 4 s of every
+     # launch's start, for an answer its build fixed. The answers to the
+     # "built ..." questions are kept beside the extension's library, valid
+     # while that library is the same file; what depends on the machine (a
+     # GPU present) is still asked each time. This passage answers from them...
+     "horovodrun: what the extension was built with, answered from what is known",
+     """        queue.put(result)
+
+    # 'fork' is required because horovodrun is a frozen executable
+""",
+     """        queue.put(result)
+
+    facts = _build_facts(ext_base_name) if fn_desc.startswith('built') else None
+    if facts is not None and fn_desc in facts['answers']:
+        return facts['answers'][fn_desc]
+    # 'fork' is required because horovodrun is a frozen executable
+"""),
+    ("horovod/common/util.py",
+     # ... and this one keeps a new answer.
+     "horovodrun: what the extension was built with, kept once found",
+     """    p.join()
+    return queue.get_nowait()
+""",
+     """    p.join()
+    result = queue.get_nowait()
+    if facts is not None and result is not None:
+        facts['answers'][fn_desc] = result
+        _keep_build_facts(facts)
+    return result
+
+
+_BUILD_FACTS = '.build_facts.json'
+
+
+def _build_facts(ext_base_name):
+    \"\"\"What is known of how extension `ext_base_name` was built: its
+    library's identity and the answers found so far; None without a library.\"\"\"
+    import glob
+    import importlib.util
+    import json
+    spec = importlib.util.find_spec('horovod.' + ext_base_name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = list(spec.submodule_search_locations)[0]
+    libraries = sorted(glob.glob(os.path.join(folder, 'mpi_lib*.so')))
+    if not libraries:
+        return None
+    stat = os.stat(libraries[0])
+    identity = [os.path.basename(libraries[0]), stat.st_size, stat.st_mtime_ns]
+    path = os.path.join(folder, _BUILD_FACTS)
+    try:
+        with open(path) as f:
+            kept = json.load(f)
+        if kept['library'] == identity:
+            return dict(kept, path=path)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return dict(library=identity, answers={}, path=path)
+
+
+def _keep_build_facts(facts):
+    import json
+    import tempfile
+    folder = os.path.dirname(facts['path'])
+    try:
+        with tempfile.NamedTemporaryFile('w', dir=folder, delete=False) as f:
+            json.dump(dict(library=facts['library'], answers=facts['answers']), f)
+        os.chmod(f.name, 0o644)   # read by every user of the installation
+        os.replace(f.name, facts['path'])
+    except OSError:
+        pass   # a read-only installation: asked again at the next launch
+"""),
 ]
 
 

@@ -14,6 +14,12 @@ new_venv() {
   "$python" -m venv "$venv"
 }
 
+# source_fixes_key: names the version of horovod_source_fixes.py, for the
+# callers' wheel folders (a wheel built with other fixes is another wheel).
+source_fixes_key() {
+  sha256sum "$(dirname "${BASH_SOURCE[0]}")/horovod_source_fixes.py" | cut -c1-8
+}
+
 # build_horovod_wheel VENV VERSION WHEELS [NAME=VALUE...]: unless WHEELS holds a
 # wheel already, builds horovod==VERSION with MPI and Gloo against VENV's
 # TensorFlow into WHEELS, from its PyPI source with the fixes of

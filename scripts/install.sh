@@ -67,7 +67,7 @@ if [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
   say "pip install $tf_req==$tf_version and hvdtrain's dependencies"
   "${pip[@]}" --upgrade pip wheel setuptools >/dev/null
   "${pip[@]}" "$tf_req" cmake
-  wheels=$cache/wheels/horovod-$hvd_version-$tf_pkg-$tf_version-$py_tag-cpu
+  wheels=$cache/wheels/horovod-$hvd_version-$tf_pkg-$tf_version-$py_tag-fixes$(source_fixes_key)-cpu
   build_env=()
   if [ "$gpu" = 1 ]; then
     # The kernels' CUDA compiler and TensorFlow's NCCL decide the GPU wheel.

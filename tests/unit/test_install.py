@@ -1,10 +1,13 @@
-"""scripts/install.sh's GPU pieces that run in seconds: the fixes to
-Horovod's source, and the one-line failures of the CUDA toolchain choice.
-(The whole GPU build is tested by `make test-gpu`.)"""
+"""scripts/install.sh's pieces that run in seconds: the fixes to Horovod's
+source (and what the installed Horovod does with the launcher's), and the
+one-line failures of the CUDA toolchain choice. (The whole GPU build is
+tested by `make test-gpu`.)"""
 
+import importlib.machinery
 import importlib.util
 import re
 import sys
+import types
 
 import pytest
 
@@ -33,6 +36,30 @@ def test_the_source_fixes_apply_once_and_then_change_nothing(tmp_path):
         assert fixed[relative].startswith("// before\n")
     assert fixes.apply(tmp_path) == []
     assert fixed == {relative: (tmp_path / relative).read_text() for relative, *_ in fixes.FIXES}
+
+
+def test_horovodrun_asks_once_what_the_extension_was_built_with(tmp_path, monkeypatch):
+    from horovod.common import util
+
+    # An extension whose library lies in tmp_path; the forked check imports it from sys.modules.
+    library = tmp_path / "mpi_lib.cpython-311-x86_64-linux-gnu.so"
+    library.write_bytes(b"a library")
+    probe = types.ModuleType("horovod.built_probe")
+    probe.__spec__ = importlib.machinery.ModuleSpec("horovod.built_probe", None, is_package=True)
+    probe.__spec__.submodule_search_locations = [str(tmp_path)]
+    monkeypatch.setitem(sys.modules, "horovod.built_probe", probe)
+
+    def asked(answer, question="built with Gloo"):
+        probe.answer = answer
+        return util._check_extension_lambda("built_probe", lambda ext: ext.answer, question,
+                                            False)
+
+    assert asked(True) is True
+    assert asked(False) is True   # answered from the facts kept beside the library
+    library.write_bytes(b"another library")
+    assert asked(False) is False  # another build: asked again
+    # What depends on the machine, not the build, is asked every time.
+    assert [asked(n, "running with GPU") for n in (1, 2)] == [1, 2]
 
 
 def test_a_fix_that_no_longer_matches_stops_the_build_naming_it(tmp_path):
