@@ -8,7 +8,7 @@ NP ?= 2
 MODEL_DIR ?= runs/demo
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup demo test setup-gpu test-gpu bench clean
+.PHONY: setup demo test test-quick setup-gpu test-gpu bench clean
 
 setup:
 	HVDTRAIN_VENV=$(VENV) bash scripts/install.sh
@@ -20,8 +20,14 @@ demo: setup
 	horovodrun --config-file horovodrun.cfg -np $(NP) -H localhost:$(NP) \
 		hvdtrain train --recipe=digits_cnn --model_dir="$(MODEL_DIR)"
 
+# The whole suite (its tiers: README, Testing), ending with its 20 slowest tests.
 test: setup
-	python -m pytest tests --ignore=tests/gpu_flavour
+	python -m pytest tests --ignore=tests/gpu_flavour --durations=20
+
+# The edit-test loop, in minutes: the unit tests and the ranked tests not
+# marked slow (a recipe trained, tens of seconds), in one launch per controller.
+test-quick: setup
+	python -m pytest tests/unit tests/ranked --ranked-np=2 -m "not slow" --durations=10
 
 # The GPU flavour (Horovod with NCCL, tensorflow[and-cuda]) built as on a GPU
 # node, and tested on the CPU: its build, the default recipe under Gloo and

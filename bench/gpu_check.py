@@ -40,7 +40,7 @@ RESNET_FULL = ["--windows=4"]
 RESNET_TINY = ["--image_size=32", "--num_classes=10", "--batch_size=2", "--warmup_steps=1",
                "--window_steps=2", "--windows=2", "--precisions=float32,mixed_bfloat16"]
 DEMO_ACCURACY = 0.95   # make demo's bar (tests/parallel/test_demo.py)
-# tests/parallel/test_wide_and_deep.py's synthetic settings and bar.
+# tests/ranked/test_wide_and_deep.py's synthetic settings and bar.
 SHARDED = ["--recipe=wide_and_deep", "--option=embeddings=sharded", "--option=table_rows=8192",
            "--option=embedding_dim=8", "--option=hidden_units=64,32", "--batch_size=128",
            "--option=synthetic_examples=16000", "--epochs=2", "--optimizer=sgd", "--momentum=0",

@@ -25,7 +25,7 @@ integer count features and 26 categorical features.
   validation), with heavy-tailed (Zipf-like) category ids and clicks drawn
   from a hidden logistic model over a few categorical features, one crossed
   pair of features and two dense features, so there is a signal to learn:
-  validation AUC rises well above 0.5 (tests/parallel/test_wide_and_deep.py
+  validation AUC rises well above 0.5 (tests/ranked/test_wide_and_deep.py
   checks the bar). Every worker generates the same log and trains on its
   rows r, r+n, ... (hvdtrain.data.from_arrays).
 

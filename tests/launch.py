@@ -1,8 +1,11 @@
-"""Helpers to run hvdtrain as users do: as a command, alone or under horovodrun."""
+"""Helpers to run hvdtrain as users do: as a command, alone or under
+horovodrun, or in the test's own process."""
 
+import dataclasses
 import os
 import pathlib
 import re
+import runpy
 import subprocess
 import sys
 import time
@@ -11,11 +14,13 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKERS = REPO / "tests" / "workers"
 
 
-# What a launcher tells the processes it starts: a command the tests start
-# from a rank of a ranked launch (tests/ranked) must not take it for its own.
+# What a launcher tells the processes it starts, and what a rank of a ranked
+# launch (tests/ranked) sets for its own Horovod (the harness, hvdtrain.init):
+# a command the tests start from such a rank must not take it for its own.
 _LAUNCH_VARIABLES = re.compile(
     r"^(HOROVOD_((LOCAL_|CROSS_)?(RANK|SIZE)|HOSTNAME|GLOO_\w+|CONTROLLER|CPU_OPERATIONS"
-    r"|DYNAMIC_PROCESS_SETS)|OMPI_\w+|PMIX_\w+|PMI_\w+|OPAL_\w+|PRTE_\w+)$")
+    r"|DYNAMIC_PROCESS_SETS|TIMELINE|STALL_\w+)|OMPI_\w+|PMIX_\w+|PMI_\w+|OPAL_\w+"
+    r"|PRTE_\w+)$")
 
 
 def environment(extra):
@@ -95,3 +100,44 @@ def wait_until(condition, timeout, interval=0.002):
             return True
         time.sleep(interval)
     return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """How an in-process `hvdtrain` command ended."""
+    status: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self):
+        return self.stdout + self.stderr
+
+
+def hvdtrain_command(capfd, *args, script=None):
+    """Runs `hvdtrain ARGS` in this process (on a rank of a ranked launch, as
+    `horovodrun ... hvdtrain ARGS` runs it on that rank): flags parsed
+    afresh, its exit caught, its output (of Python and of TensorFlow's and
+    Horovod's C++) captured by `capfd`. With `script` (e.g.
+    "recipes/wide_and_deep.py"): `python SCRIPT ARGS` instead."""
+    from absl import flags
+
+    from hvdtrain import cli
+
+    capfd.readouterr()
+    flags.FLAGS.unparse_flags()
+    argv = sys.argv
+    try:
+        if script is None:
+            cli.run(["hvdtrain", *map(str, args)])
+        else:
+            sys.argv = [str(script), *map(str, args)]
+            runpy.run_path(str(script), run_name="__main__")
+        status = 0
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else int(e.code is not None)
+    finally:
+        sys.argv = argv
+        flags.FLAGS.unparse_flags()   # as a process would leave them: unread
+    out, err = capfd.readouterr()
+    return Finished(status, out, err)

@@ -1,5 +1,6 @@
 """Horovod's published Keras examples run on Keras 3 with hvdtrain.keras in
-place of horovod.tensorflow.keras (see each script's header for its changes)."""
+place of horovod.tensorflow.keras (see each script's header for its changes).
+Own launches: the scripts run as users run them, under horovodrun."""
 
 import json
 import os

@@ -88,13 +88,19 @@ def test_doctor_reports_the_gpu_stack():
     assert re.search(r"^  Gloo +correct; ", report, re.MULTILINE), report
 
 
-@pytest.mark.timeout(900)
-def test_the_gpu_check_runs_tiny_on_cpu(tmp_path):
-    output = tmp_path / "gpu_check.json"
+@pytest.fixture(scope="module")
+def gpu_check(tmp_path_factory):
+    """bench/gpu_check.py --tiny, once: its run and its JSON."""
+    output = tmp_path_factory.mktemp("gpu_check") / "gpu_check.json"
     result = run([sys.executable, REPO / "bench" / "gpu_check.py", "--tiny",
                   f"--output={output}"], timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    results = json.loads(output.read_text())
+    return result, json.loads(output.read_text())
+
+
+@pytest.mark.timeout(900)
+def test_the_gpu_check_runs_tiny_on_cpu(gpu_check):
+    result, results = gpu_check
     assert results["ok"] and results["gpus"] == 0 and results["tiny"]
     assert results["doctor"]["report"]["GPU stack"]["NCCL operations"].startswith("built")
     assert [(r["precision"], r["contender"]) for r in results["resnet50"]["runs"]] == [
@@ -104,3 +110,23 @@ def test_the_gpu_check_runs_tiny_on_cpu(tmp_path):
     assert results["sharded"]["workers"] == 2 and results["sharded"]["val_auc"] > 0.65
     for line in ("doctor", "resnet50", "demo", "sharded"):
         assert re.search(rf"^gpu_check: {line} +ok \(\d+ s\)$", result.stdout, re.MULTILINE)
+
+
+@pytest.mark.timeout(900)
+def test_gpu_benchmark_runs_tiny_on_cpu(gpu_check):
+    # bench/gpu_resnet50.py, sized for one H200, end to end at a tiny size on
+    # CPU (gpu_check's run of it): every contender and its JSON.
+    # (mixed_float16 convolutions take minutes on CPU: left to the GPU.)
+    results = gpu_check[1]["resnet50"]
+    assert results["device"] == "CPU"
+    assert [(r["precision"], r["contender"]) for r in results["runs"]] == [
+        (precision, contender) for precision in ("float32", "mixed_bfloat16")
+        for contender in ("keras", "hvdtrain", "hvdtrain_xla")]
+    for r in results["runs"]:
+        assert r["images_per_second"] > 0 and r["windows"] == 2
+    rates = {(r["precision"], r["contender"]): r["images_per_second"] for r in results["runs"]}
+    for precision in ("float32", "mixed_bfloat16"):
+        assert results["ratios"][precision] == pytest.approx(
+            rates[precision, "hvdtrain"] / rates[precision, "keras"])
+        assert results["xla_ratios"][precision] == pytest.approx(
+            rates[precision, "hvdtrain_xla"] / rates[precision, "hvdtrain"])

@@ -22,6 +22,7 @@ import pytest
 from _pytest.reports import TestReport
 
 from harness import launches
+from harness.reports import from_json
 from harness.fixtures import SESSION_DIR
 from harness.rank_plugin import RESULTS, timeout_note
 
@@ -78,8 +79,7 @@ class _Run:
             if event["event"] == "start":
                 self.started[event["nodeid"]] = time.monotonic()
             elif event["event"] == "report":
-                report = config.hook.pytest_report_from_serializable(config=config,
-                                                                     data=event["report"])
+                report = from_json(config, event["report"])
                 self.reports.setdefault(report.nodeid, []).append(report)
             elif event["event"] == "finished":
                 self.finished = True
@@ -186,10 +186,18 @@ class Dispatcher:
         self.session_dir = None   # what launches share (made at the first)
 
     @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(self, items):
+    def pytest_collection_modifyitems(self, config, items):
         """Runs each launch's cases one after the other, at the place of the
         first ranked case (launches are never in flight together: the
-        machine's cores are the ranks')."""
+        machine's cores are the ranks'). Leaves out the cases whose
+        parameter set's mark excludes their launch, and with --ranked-np=N
+        the launches of another size."""
+        size = config.getoption("--ranked-np", None)
+        other = {i for i in items if launches.of_item(i) and (
+            not launches.wanted(i) or size is not None and launches.of_item(i).np != size)}
+        if other:
+            config.hook.pytest_deselected(items=list(other))
+            items[:] = [i for i in items if i not in other]
         ranked = [item for item in items if launches.of_item(item)]
         if not ranked:
             return

@@ -7,10 +7,11 @@ import re
 
 import keras
 import pytest
+from absl import logging
 
 from harness import launches
 
-__all__ = ["controller", "keras_state_reset", "pytest_generate_tests", "ranked_launch",
+__all__ = ["controller", "keras_state_reset", "process_state_restored", "pytest_generate_tests", "ranked_launch",
            "shared_tmp_path"]
 
 # rank_main.py tells the tests where the launch keeps its files, and the
@@ -44,6 +45,19 @@ def shared_tmp_path(request):
     path = pathlib.Path(os.environ[WORKDIR]) / "shared" / name
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture(autouse=True)
+def process_state_restored():
+    """Each test starts from the launch's environment variables and log
+    verbosity (hvdtrain.init, for one, sets Horovod's variables for a Horovod
+    not yet started, and the verbosity its --verbose_all_ranks asks for)."""
+    environment, verbosity = dict(os.environ), logging.get_verbosity()
+    yield
+    for name in set(os.environ) - set(environment):
+        del os.environ[name]
+    os.environ.update(environment)
+    logging.set_verbosity(verbosity)
 
 
 @pytest.fixture(autouse=True)

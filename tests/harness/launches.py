@@ -21,22 +21,33 @@ class Launch:
         return self.controller if self.np == 2 else f"{self.controller}-np{self.np}"
 
 
-def of_function(definition):
-    """The launches a ranked test function runs in: `@pytest.mark.launches(np=N,
-    controllers=(...))` on it or its module; by default np=2 under both
-    controllers, and a larger np under Gloo only (one launch per size)."""
-    marker = definition.get_closest_marker("launches")
+def _parsed(marker, nodeid):
     kwargs = dict(marker.kwargs) if marker else {}
     unknown = set(kwargs) - {"np", "controllers"}
     if unknown or (marker and marker.args):
-        raise pytest.UsageError(f"{definition.nodeid}: @pytest.mark.launches takes np= and "
-                                f"controllers= only, not {sorted(unknown) or marker.args}")
+        raise pytest.UsageError(f"{nodeid}: @pytest.mark.launches takes np= and controllers= "
+                                f"only, not {sorted(unknown) or marker.args}")
     np = kwargs.get("np", 2)
     controllers = kwargs.get("controllers", CONTROLLERS if np == 2 else ("gloo",))
     if not set(controllers) <= set(CONTROLLERS) or np < 2:
-        raise pytest.UsageError(f"{definition.nodeid}: launches(np={np}, controllers="
-                                f"{controllers}) needs np >= 2 and controllers of {CONTROLLERS}")
+        raise pytest.UsageError(f"{nodeid}: launches(np={np}, controllers={controllers}) needs "
+                                f"np >= 2 and controllers of {CONTROLLERS}")
     return [Launch(np, c) for c in controllers]
+
+
+def of_function(definition):
+    """The launches a ranked test function runs in: `@pytest.mark.launches(np=N,
+    controllers=(...))` on it or its module; by default np=2 under both
+    controllers, and a larger np under Gloo only (one launch per size). The
+    mark on one parameter set (`pytest.param(..., marks=...)`) narrows its
+    function's launches for that set (see wanted)."""
+    return _parsed(definition.get_closest_marker("launches"), definition.nodeid)
+
+
+def wanted(item):
+    """Whether a ranked test case runs in the launch it was generated for:
+    its parameter set's own launches mark may leave that launch out."""
+    return of_item(item) in _parsed(item.get_closest_marker("launches"), item.nodeid)
 
 
 def of_item(item):

@@ -17,7 +17,7 @@ import traceback
 
 import pytest
 
-from harness import launches, outcomes
+from harness import launches, outcomes, reports
 from harness.rendezvous import Rendezvous
 
 __all__ = ["RESULTS", "TIMED_OUT_STATUS", "RankPlugin", "timeout_note"]
@@ -134,20 +134,18 @@ class RankPlugin:
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item, call):
         outcome = yield
-        hook = self.config.hook
-        mine = hook.pytest_report_to_serializable(config=self.config, report=outcome.get_result())
-        reports = self.rendezvous.exchange(f"{self.seq:05d}-{call.when}",
-                                           {"nodeid": item.nodeid, "report": mine})
-        strays = {r["nodeid"] for r in reports} - {item.nodeid}
-        merged = outcomes.agreed([r["report"] for r in reports])
+        mine = reports.to_json(self.config, outcome.get_result())
+        everyone = self.rendezvous.exchange(f"{self.seq:05d}-{call.when}",
+                                            {"nodeid": item.nodeid, "report": mine})
+        strays = {r["nodeid"] for r in everyone} - {item.nodeid}
+        merged = outcomes.agreed([r["report"] for r in everyone])
         if strays:
             merged.update(outcome="failed", longrepr=(
                 f"the ranks ran different tests at #{self.seq}: {item.nodeid} and {sorted(strays)}"))
-        outcome.force_result(hook.pytest_report_from_serializable(config=self.config, data=merged))
+        outcome.force_result(reports.from_json(self.config, merged))
 
     def pytest_runtest_logreport(self, report):
-        self._write({"event": "report", "report": self.config.hook.pytest_report_to_serializable(
-            config=self.config, report=report)})
+        self._write({"event": "report", "report": reports.to_json(self.config, report)})
 
     def pytest_sessionfinish(self):
         self._write({"event": "finished"})

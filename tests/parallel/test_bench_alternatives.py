@@ -1,6 +1,7 @@
 """bench/alternatives.py at a tiny size, hvdtrain against MultiWorkerMirroredStrategy
 only (the Keras 2 environment is not built here): it writes the throughputs,
-the ratio and the chart."""
+the ratio and the chart.
+Own launches: the benchmark starts its contenders' jobs itself."""
 
 import json
 import sys

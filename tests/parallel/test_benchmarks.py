@@ -3,7 +3,8 @@ startup.py, preemption.py, step_options.py and sharded_embeddings.py at tiny
 sizes: each runs and writes the JSON its report is made from, with positive
 times and its ratios computed. Their numbers mean nothing at these sizes, so
 the seven run at once (the first test waits); the memory and bytes
-sharded_embeddings.py counts do not depend on speed, and are checked."""
+sharded_embeddings.py counts do not depend on speed, and are checked.
+Own launches: each benchmark starts the jobs it measures itself."""
 
 import json
 import statistics

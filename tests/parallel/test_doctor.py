@@ -1,5 +1,6 @@
 """`hvdtrain doctor`: its report, with a real 2-process allreduce self-test
-under both controllers."""
+under both controllers.
+Own launches: the doctor starts its own self-test jobs."""
 
 import re
 

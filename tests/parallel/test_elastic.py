@@ -7,7 +7,7 @@ addresses, and blacklists a host name when a worker on it fails (for the
 rest of the run, unless --blacklist-cooldown-range lets it back). So each
 worker gets a host name of its own, all local: localhost, 127.0.0.1 and, as
 a third, this machine's name or address.
-"""
+Own launches: horovodrun's elastic mode, its host discovery and workers killed under it."""
 
 import contextlib
 import json

@@ -1,6 +1,7 @@
 """A worker checks the --config-file its horovodrun was given: horovodrun
 ignores unknown keys and passes wrong-typed values on, so the job starts
-regardless; one process says so in one line."""
+regardless; one process says so in one line.
+Own launches: what horovodrun reads from its --config-file."""
 
 from launch import horovodrun, rank_lines
 

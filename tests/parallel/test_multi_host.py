@@ -1,6 +1,7 @@
 """A launch across two hosts (network namespaces with their own sshd, see
 tests/hosts.py): horovodrun on hostA starts a rank there and one on hostB
-through ssh, and the two train one model together over the hosts' link."""
+through ssh, and the two train one model together over the hosts' link.
+Own launches: a launch across hosts."""
 
 import json
 

@@ -2,7 +2,8 @@
 to rank 0, to the launcher, during a checkpoint save, during validation,
 at an epoch's end and before the first step. Each ends with every rank
 stopped after the same step, a whole checkpoint of it, status 200 on every
-rank, and a resume that goes on from there."""
+rank, and a resume that goes on from there.
+Own launches: signals to ranks and launchers, which end their jobs."""
 
 import os
 import re
@@ -15,7 +16,8 @@ from hvdtrain import checkpoint
 from hvdtrain.preemption import EXIT_STATUS
 from launch import (REPO, horovodrun, rank_lines, rank_pid, run, start_horovodrun, wait_until,
                     worker)
-from parallel.test_resume import DIGITS, _all_intact, _ok, _weights
+from parallel.interrupted_runs import DIGITS
+from run_checks import all_intact, ok, weights
 
 FAULTS = REPO / "tests" / "recipes" / "faults.py"
 # 89 steps an epoch at 2 x 8 (digits_cnn): the checkpoint 11 steps into the second epoch.
@@ -42,7 +44,7 @@ def _stopped(output, ranks=2):
 def _checkpointed_position(model_dir, stopped):
     """The newest checkpoint's position, as messages show it; every
     checkpoint is whole, and the newest is where the ranks stopped."""
-    _all_intact(model_dir)
+    all_intact(model_dir)
     found, _ = checkpoint.read(checkpoint.listed(model_dir / "checkpoints")[0])
     (position,) = {(epoch, step) for _, epoch, step in stopped.values()}
     assert found.position.shown == position, (found.position, stopped)
@@ -69,10 +71,8 @@ def _signal_when(rank, marker, condition, log, sig=signal.SIGTERM, timeout=180):
 
 
 def test_sigterm_to_one_rank_mid_epoch_and_resuming_matches_an_uninterrupted_run(
-        tmp_path, controller):
-    reference, interrupted = tmp_path / "reference", tmp_path / "interrupted"
-    _ok(horovodrun(["hvdtrain", "train", f"--model_dir={reference}", *DIGITS],
-                   controller=controller))
+        tmp_path, controller, uninterrupted):
+    reference, interrupted = uninterrupted(controller), tmp_path / "interrupted"
 
     job, log = _start(tmp_path, [f"--model_dir={interrupted}", *DIGITS], controller)
     _signal_when(1, str(interrupted),
@@ -86,10 +86,10 @@ def test_sigterm_to_one_rank_mid_epoch_and_resuming_matches_an_uninterrupted_run
     assert (epoch, step) > (2, 11)   # a checkpoint of its own, after the periodic one
     assert not (interrupted / "model.keras").exists()
 
-    resumed = _ok(horovodrun(["hvdtrain", "train", f"--model_dir={interrupted}", *DIGITS,
+    resumed = ok(horovodrun(["hvdtrain", "train", f"--model_dir={interrupted}", *DIGITS,
                               "--resume"], controller=controller))
     assert f"resuming from {interrupted / 'checkpoints'}" in resumed
-    for a, b in zip(_weights(reference), _weights(interrupted), strict=True):
+    for a, b in zip(weights(reference), weights(interrupted), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -106,7 +106,7 @@ def test_sigusr1_to_rank_0_stops_every_rank_and_resumes_on_another_number_of_wor
     assert stopped[0][0] == "SIGUSR1"
     epoch, step = _checkpointed_position(model_dir, stopped)
     # Resumed on one worker, as any checkpoint: the position counted in examples.
-    resumed = _ok(run(["hvdtrain", "train", f"--model_dir={model_dir}", *DIGITS, "--resume"]))
+    resumed = ok(run(["hvdtrain", "train", f"--model_dir={model_dir}", *DIGITS, "--resume"]))
     assert (f"written by 2 workers x batch 8 after epoch {epoch}, step {step} of 89; now 1 x 8"
             in resumed), resumed[-3000:]
     assert f"going on after epoch {epoch}, step {2 * step} of 179" in resumed
@@ -224,7 +224,7 @@ def test_a_signal_between_steps_stops_at_the_epochs_end_with_its_checkpoint(tmp_
     stopped = _stopped(output)
     assert _checkpointed_position(model_dir, stopped) == (1, 89)
     assert _validation_epochs_in_tensorboard(model_dir) == 1   # written out before the exit
-    resumed = _ok(horovodrun(["hvdtrain", "train", f"--model_dir={model_dir}", *flags,
+    resumed = ok(horovodrun(["hvdtrain", "train", f"--model_dir={model_dir}", *flags,
                               "--resume"]))
     assert re.search(r"resuming from \S+, after epoch 1, step 89 of 89", resumed)
     assert re.search(r"on 2 workers, 2 epochs in", resumed)
@@ -245,5 +245,5 @@ def test_a_signal_before_the_first_step_stops_with_nothing_to_write(tmp_path):
     assert {(epoch, step) for _, epoch, step in stopped.values()} == {(1, 0)}
     assert not checkpoint.listed(model_dir / "checkpoints")
     # The requeued job's --resume finds no checkpoint and starts from the beginning.
-    resumed = _ok(horovodrun(["hvdtrain", "train", *flags, "--resume"]))
+    resumed = ok(horovodrun(["hvdtrain", "train", *flags, "--resume"]))
     assert "training from the start" in resumed

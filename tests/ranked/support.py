@@ -1,8 +1,8 @@
-"""What ranked tests share: every rank's value of something, what the
-session computes once (e.g. a single-process reference), and the `hvdtrain`
-command run in this rank's process."""
+"""What ranked tests share: every rank's value of something, work done by
+rank 0 alone while the others wait, and what the session computes once
+(e.g. a single-process reference). (The `hvdtrain` command in a rank's own
+process: launch.hvdtrain_command.)"""
 
-import dataclasses
 import os
 import pathlib
 
@@ -11,12 +11,30 @@ import tensorflow as tf
 
 from harness.fixtures import SESSION_DIR
 
-__all__ = ["Finished", "computed_once", "gathered", "hvdtrain_command"]
+__all__ = ["computed_once", "gathered", "on_rank_0"]
 
 
 def gathered(value):
     """[value on rank 0, value on rank 1, ...] (any picklable value), on every rank."""
     return hvd.allgather_object(value)
+
+
+def on_rank_0(call, *args, **kwargs):
+    """What `call(*args, **kwargs)` returns, called by rank 0 alone (e.g. to
+    write what every rank then reads), on every rank once it is done. Its
+    error fails every rank: no rank goes on to a collective the others skip."""
+    result = error = None
+    if hvd.rank() == 0:
+        try:
+            result = call(*args, **kwargs)
+        except Exception as e:   # raised here after the others heard of it
+            error = e
+    result, failure = gathered((result, None if error is None else repr(error)))[0]
+    if error is not None:
+        raise error
+    if failure is not None:
+        raise RuntimeError(f"rank 0's {getattr(call, '__name__', 'call')} failed: {failure}")
+    return result
 
 
 def computed_once(name, compute):
@@ -39,33 +57,3 @@ def computed_once(name, compute):
     assert done.exists(), f"rank 0 could not compute {name} (see its report)"
     return directory
 
-
-@dataclasses.dataclass(frozen=True)
-class Finished:
-    """How an in-process `hvdtrain` command ended on this rank."""
-    status: int
-    stdout: str
-    stderr: str
-
-    @property
-    def output(self):
-        return self.stdout + self.stderr
-
-
-def hvdtrain_command(capfd, *args):
-    """Runs `hvdtrain ARGS` in this process, as `horovodrun ... hvdtrain ARGS`
-    runs it on this rank: flags parsed afresh, its exit caught, its output
-    (of Python and of TensorFlow's and Horovod's C++) captured."""
-    from absl import flags
-
-    from hvdtrain import cli
-
-    capfd.readouterr()
-    flags.FLAGS.unparse_flags()
-    try:
-        cli.run(["hvdtrain", *map(str, args)])
-        status = 0
-    except SystemExit as e:
-        status = e.code if isinstance(e.code, int) else int(e.code is not None)
-    out, err = capfd.readouterr()
-    return Finished(status, out, err)

@@ -1,4 +1,6 @@
-"""The three ways to start a single-process run train the same recipe."""
+"""The `hvdtrain` command in one process: the three ways to start a run
+train the same recipe (as processes: the entry points are the point); help,
+dry runs and every recipe's defaults (in this process)."""
 
 import dataclasses
 import sys
@@ -6,7 +8,7 @@ import sys
 import pytest
 
 from hvdtrain import recipe
-from launch import REPO, run
+from launch import REPO, hvdtrain_command, run
 
 
 @pytest.mark.parametrize("entry", ["console script with flagfile", "module", "recipe script"])
@@ -34,39 +36,39 @@ def test_entry_points_train_and_write_the_model(tmp_path, entry):
         assert "hvdtrain: throughput " in result.stdout and "not measured" not in result.stdout
 
 
-def test_short_help_lists_the_training_flags():
-    result = run(["hvdtrain", "train", "--helpshort"], timeout=60)
-    assert result.returncode == 0
+def test_short_help_lists_the_training_flags(capfd):
+    result = hvdtrain_command(capfd, "train", "--helpshort")
+    assert result.status == 0
     assert result.stdout.startswith("usage: hvdtrain train [flags]")
     for flag in ("--recipe", "--batch_size", "--precision", "--data_dir", "--compression"):
         assert flag in result.stdout
 
 
-def test_dry_run_checks_the_flags_and_trains_nothing(tmp_path):
-    result = run(["hvdtrain", "train", "--dry_run", "--epochs=3", f"--model_dir={tmp_path / 'm'}"],
-                 timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
+def test_dry_run_checks_the_flags_and_trains_nothing(tmp_path, capfd):
+    result = hvdtrain_command(capfd, "train", "--dry_run", "--epochs=3",
+                              f"--model_dir={tmp_path / 'm'}")
+    assert result.status == 0, result.stderr[-2000:]
     assert result.stdout.startswith("hvdtrain: dry run: the flags are valid; training would "
                                     "use --recipe=digits_cnn --epochs=3 --batch_size=32")
     assert not (tmp_path / "m").exists()
-    bad = run(["hvdtrain", "train", "--dry_run", "--epochs=0"], timeout=60)
-    assert bad.returncode == 2 and "--epochs must be positive" in bad.stderr
+    bad = hvdtrain_command(capfd, "train", "--dry_run", "--epochs=0")
+    assert bad.status == 2 and "--epochs must be positive" in bad.stderr
 
 
 @pytest.mark.parametrize("name", recipe.available())
-def test_every_recipe_accepts_its_defaults_both_ways(name):
+def test_every_recipe_accepts_its_defaults_both_ways(name, capfd):
     # As a command and as a script of its own: the settings printed are the same.
-    as_command = run(["hvdtrain", "train", f"--recipe={name}", "--dry_run"], timeout=120)
-    as_script = run([sys.executable, REPO / "recipes" / f"{name}.py", "--dry_run"], timeout=120)
+    as_command = hvdtrain_command(capfd, "train", f"--recipe={name}", "--dry_run")
+    as_script = hvdtrain_command(capfd, "--dry_run", script=REPO / "recipes" / f"{name}.py")
     for result in (as_command, as_script):
-        assert result.returncode == 0, result.stderr[-2000:]
+        assert result.status == 0, result.stderr[-2000:]
     assert f"--recipe={name} " in as_command.stdout
     assert as_command.stdout == as_script.stdout
 
 
-def test_short_help_lists_the_recipes_options():
-    result = run(["hvdtrain", "train", "--recipe=resnet50_synthetic", "--helpshort"], timeout=120)
-    assert result.returncode == 0
+def test_short_help_lists_the_recipes_options(capfd):
+    result = hvdtrain_command(capfd, "train", "--recipe=resnet50_synthetic", "--helpshort")
+    assert result.status == 0
     assert "Options of recipe resnet50_synthetic (--option=NAME=VALUE):" in result.stdout
     assert "--option=image_size=224: height and width of the random images" in result.stdout
 

@@ -1,10 +1,11 @@
-"""XLA and the distributed optimizer. MODE "whole": a model compiled with
-jit_compile=True trains (Horovod's collectives inside XLA: refused). MODE
-"split": for each optimizer setting of PAIRS, two models from the same
-initial weights take STEPS steps on the same global batches (GLOBAL_BATCH
-fixed examples, each rank on its share), one compiled by
-hvdtrain.jit_compile, one not; each rank writes both models' weights to
-OUT/rank<r>.npz."""
+"""XLA and the distributed optimizer. `train(PAIRS[name], jit=False,
+whole=True)`: a model compiled with jit_compile=True trains (Horovod's
+collectives inside XLA: refused; tests/ranked/test_collective_limits.py).
+`python jit_compile.py split OUT`: for each optimizer setting of PAIRS, two
+models from the same initial weights take STEPS steps on the same global
+batches (GLOBAL_BATCH fixed examples, each rank on its share), one compiled
+by hvdtrain.jit_compile, one not; each rank writes both models' weights to
+OUT/rank<r>.npz (tests/parallel/test_collective_limits.py)."""
 
 import sys
 
@@ -12,7 +13,11 @@ import keras
 import numpy as np
 
 import hvdtrain
-from shares import rank_rows
+
+try:
+    from shares import rank_rows            # run as a script: tests/workers on the path
+except ImportError:
+    from workers.shares import rank_rows    # imported by a ranked test: tests/ on the path
 
 STEPS, GLOBAL_BATCH = 2, 16
 PAIRS = {
@@ -26,7 +31,9 @@ PAIRS = {
 }
 
 
-def train(make_optimizer, jit):
+def train(make_optimizer, jit, whole=False):
+    """The weights after training; `whole`: the model compiled with
+    jit_compile=True, `jit`: by hvdtrain.jit_compile."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(STEPS * GLOBAL_BATCH, 5)).astype("float32")
     y = rng.integers(0, 3, STEPS * GLOBAL_BATCH)
@@ -37,7 +44,7 @@ def train(make_optimizer, jit):
                               keras.layers.Dense(3)])
     model.compile(optimizer=make_optimizer(),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"], jit_compile=MODE == "whole")
+                  metrics=["accuracy"], jit_compile=whole)
     if jit:
         hvdtrain.jit_compile(model)
     model.fit(x[mine], y[mine], batch_size=share, epochs=1, shuffle=False, verbose=0,
@@ -45,12 +52,9 @@ def train(make_optimizer, jit):
     return model.get_weights()
 
 
-MODE = sys.argv[1]
-hvdtrain.init(intra_op_threads=1)
-if MODE == "whole":
-    train(PAIRS["sgd_momentum"], jit=False)
-else:
+if __name__ == "__main__":
+    hvdtrain.init(intra_op_threads=1)
     weights = {f"{name}:{jit}:{i}": w for name, make in PAIRS.items() for jit in (False, True)
                for i, w in enumerate(train(make, jit))}
     np.savez(f"{sys.argv[2]}/rank{hvdtrain.rank()}.npz", **weights)
-print("trained")
+    print("trained")

@@ -1,7 +1,7 @@
 """Fits least squares (one Dense(1) layer, distributed SGD with momentum)
-under a learning-rate callback, each rank on its half of every global batch,
-and writes the rate each batch started with and the weights before and after
-to OUT/<run>.rank<r>.npz, for these runs:
+under a learning-rate callback, each rank on its half of every global batch;
+`run(name)` gives the rate each batch started with and the weights before
+and after, for these runs:
 
   warmup: LearningRateWarmupCallback (2 epochs) then an epoch at full rate;
   fractional_warmup: the same over 1.5 epochs, ending inside epoch 2;
@@ -11,19 +11,32 @@ to OUT/<run>.rank<r>.npz, for these runs:
           Nesterov SGD, and RMSprop with momentum, each with decoupled
           weight decay (WEIGHT_DECAY).
 
-The data: GLOBAL_BATCH x STEPS rows, seeded; see tests/parallel/test_lr_callbacks.py.
+The data: GLOBAL_BATCH x STEPS rows, seeded; see tests/ranked/test_lr_callbacks.py.
 """
-
-import sys
 
 import keras
 import numpy as np
 
 import hvdtrain
 import hvdtrain.keras
-from shares import rank_rows
+from workers.shares import rank_rows
 
 STEPS, GLOBAL_BATCH, EPOCHS, LR, WEIGHT_DECAY = 3, 8, 3, 0.05, 0.5
+
+RUNS = {
+    "warmup": lambda: (hvdtrain.keras.callbacks.LearningRateWarmupCallback(LR, warmup_epochs=2),
+                       None),
+    "fractional_warmup": lambda: (
+        hvdtrain.keras.callbacks.LearningRateWarmupCallback(LR, warmup_epochs=1.5), None),
+    "decay": lambda: (hvdtrain.keras.callbacks.LearningRateScheduleCallback(LR, 0.5, start_epoch=1),
+                      keras.optimizers.SGD(LR, momentum=0.9, nesterov=True)),
+    "warmup_nesterov_decay": lambda: (
+        hvdtrain.keras.callbacks.LearningRateWarmupCallback(LR, 2),
+        keras.optimizers.SGD(LR, momentum=0.9, nesterov=True, weight_decay=WEIGHT_DECAY)),
+    "warmup_rmsprop_decay": lambda: (
+        hvdtrain.keras.callbacks.LearningRateWarmupCallback(LR, 2),
+        keras.optimizers.RMSprop(LR, momentum=0.9, weight_decay=WEIGHT_DECAY)),
+}
 
 
 def data():
@@ -33,7 +46,10 @@ def data():
     return x, y
 
 
-def run(name, callback, optimizer=None):
+def run(name):
+    """{"lrs": the rate of each batch, "w0", "b0": the initial weights, "w", "b":
+    the trained ones} of run `name` (of RUNS)."""
+    callback, optimizer = RUNS[name]()
     x, y = data()
     half = GLOBAL_BATCH // hvdtrain.size()
     mine = rank_rows(STEPS, GLOBAL_BATCH)
@@ -51,17 +67,5 @@ def run(name, callback, optimizer=None):
     model.fit(x[mine], y[mine], batch_size=half, epochs=EPOCHS, shuffle=False, verbose=0,
               callbacks=[hvdtrain.keras.callbacks.BroadcastGlobalVariablesCallback(0), callback,
                          Record()])
-    np.savez(f"{OUT}/{name}.rank{hvdtrain.rank()}.npz", lrs=np.array(seen),
-             w0=initial[0], b0=initial[1], w=model.get_weights()[0], b=model.get_weights()[1])
-
-
-OUT = sys.argv[1]
-hvdtrain.init()
-run("warmup", hvdtrain.keras.callbacks.LearningRateWarmupCallback(LR, warmup_epochs=2))
-run("fractional_warmup", hvdtrain.keras.callbacks.LearningRateWarmupCallback(LR, warmup_epochs=1.5))
-run("decay", hvdtrain.keras.callbacks.LearningRateScheduleCallback(LR, 0.5, start_epoch=1),
-    keras.optimizers.SGD(LR, momentum=0.9, nesterov=True))
-run("warmup_nesterov_decay", hvdtrain.keras.callbacks.LearningRateWarmupCallback(LR, 2),
-    keras.optimizers.SGD(LR, momentum=0.9, nesterov=True, weight_decay=WEIGHT_DECAY))
-run("warmup_rmsprop_decay", hvdtrain.keras.callbacks.LearningRateWarmupCallback(LR, 2),
-    keras.optimizers.RMSprop(LR, momentum=0.9, weight_decay=WEIGHT_DECAY))
+    return {"lrs": np.array(seen), "w0": initial[0], "b0": initial[1],
+            "w": model.get_weights()[0], "b": model.get_weights()[1]}

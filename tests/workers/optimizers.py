@@ -1,9 +1,11 @@
 """Trains a small MLP for STEPS steps of GLOBAL_BATCH fixed examples with
 each optimizer setting of CASES, built as `hvdtrain train` builds it
 (compiled_model, from the settings' flags), each rank on its share of every
-global batch; rank 0 writes the weights after training, and with
---ema_momentum the moving averages, to OUT/<case>.npz. Run at np=1 and np=2,
-the results should match: the global batch is the same."""
+global batch. `train(settings)`: the weights after training, and with
+--ema_momentum the moving averages, in a test's own process
+(tests/ranked/test_training_knobs.py); `python optimizers.py OUT`: rank 0
+writes them to OUT/<case>.npz, for each case. Run at np=1 and np=2, the
+results should match: the global batch is the same."""
 
 import sys
 import types
@@ -14,7 +16,11 @@ import numpy as np
 import hvdtrain
 from hvdtrain import compiled_model
 from hvdtrain.config import TrainConfig
-from shares import rank_rows
+
+try:
+    from shares import rank_rows            # run as a script: tests/workers on the path
+except ImportError:
+    from workers.shares import rank_rows    # imported by a ranked test: tests/ on the path
 
 STEPS, GLOBAL_BATCH, LR = 3, 16, 0.05
 # Clipping thresholds well below these gradients' size, so that they bind.
@@ -41,7 +47,8 @@ def data():
     return x, y
 
 
-def train(name, settings):
+def train(settings):
+    """The weights after training with `settings`, then any moving averages."""
     x, y = data()
     share = GLOBAL_BATCH // hvdtrain.size()
     mine = rank_rows(STEPS, GLOBAL_BATCH)
@@ -56,12 +63,12 @@ def train(name, settings):
               callbacks=[hvdtrain.callbacks.BroadcastInitialState(0)])
     optimizer = model.optimizer
     averages = getattr(optimizer, "_model_variables_moving_average", [])
-    if hvdtrain.is_main_process():
-        np.savez(f"{OUT}/{name}.npz", *model.get_weights(),
-                 *[a.numpy() for a in averages])
+    return [*model.get_weights(), *[a.numpy() for a in averages]]
 
 
-OUT = sys.argv[1]
-hvdtrain.init(intra_op_threads=1)
-for case, settings in CASES.items():
-    train(case, settings)
+if __name__ == "__main__":
+    hvdtrain.init(intra_op_threads=1)
+    for case, settings in CASES.items():
+        trained = train(settings)
+        if hvdtrain.is_main_process():
+            np.savez(f"{sys.argv[1]}/{case}.npz", *trained)

@@ -1,18 +1,12 @@
 """Reads a data source (SOURCE: tfrecords, images or tfds) at PATH as the
-training split with batch 4 for two epochs, and as the evaluation split once;
-each rank writes the example ids it read to OUT/rank<r>.json."""
-
-import json
-import sys
+training split with batch 4 for two epochs, and as the evaluation split once,
+on every rank (tests/ranked/test_data_sources.py calls `read` on each):
+the example ids this rank read."""
 
 import tensorflow as tf
 
-import hvdtrain
 from hvdtrain import data, runtime
 from hvdtrain.datasets import digits
-
-out, source, path, *options = sys.argv[1:]
-hvdtrain.init()
 
 
 def parse_record(record, seed):
@@ -24,7 +18,7 @@ def image_id(image, label, seed):
     return tf.cast(image[0, 0, 0], tf.int64) + 100 * label, label
 
 
-def split(training):
+def split(source, path, options, training):
     common = dict(training=training, seed=7, deterministic="deterministic" in options)
     if source == "tfrecords":
         return data.from_tfrecords(path, parse_record, 4, **common)
@@ -37,10 +31,12 @@ def split(training):
                           preprocess=lambda ex, seed: (ex["label"], ex["label"]), **common)
 
 
-train, evaluation = split(True), split(False)
-epochs = [[int(i) for batch, _ in train.batches(e) for i in batch.numpy()] for e in (0, 1)]
-evaluated = [int(i) for batch, _ in evaluation.batches() for i in batch.numpy()]
-with open(f"{out}/rank{hvdtrain.rank()}.json", "w") as f:
-    json.dump({"epochs": epochs, "evaluated": evaluated, "steps": train.steps,
-               "examples": train.examples, "dropped": train.dropped,
-               "eval_steps": evaluation.steps}, f)
+def read(source, path, *options):
+    """What this rank read: {"epochs": [ids of epoch 0, of epoch 1],
+    "evaluated": ids, "steps", "examples", "dropped", "eval_steps"}. Call it
+    on every rank."""
+    train, evaluation = split(source, path, options, True), split(source, path, options, False)
+    epochs = [[int(i) for batch, _ in train.batches(e) for i in batch.numpy()] for e in (0, 1)]
+    evaluated = [int(i) for batch, _ in evaluation.batches() for i in batch.numpy()]
+    return {"epochs": epochs, "evaluated": evaluated, "steps": train.steps,
+            "examples": train.examples, "dropped": train.dropped, "eval_steps": evaluation.steps}

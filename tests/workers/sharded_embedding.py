@@ -11,13 +11,9 @@ a reference from the same start on the same batches:
   Dense layer by a plain Keras Adam on the allreduced gradients.
 
 Ids come from ROWS rows (an odd number: the shards differ in size), so a
-batch repeats ids and the ranks share some. Rank 0 writes both tables and
-both Dense kernels to OUT/<optimizer>.npz.
-
-Usage: sharded_embedding.py OUT OPTIMIZER [PLACEMENT]
+batch repeats ids and the ranks share some. `train(OPTIMIZER, PLACEMENT)`
+runs on every rank, in a test's own process (tests/ranked/test_sharded_embedding.py).
 """
-
-import sys
 
 import horovod.tensorflow as hvd
 import keras
@@ -86,8 +82,9 @@ def reference_adam(model, x, y):
         table.assign(values.astype(np.float32))
 
 
-def main(out, name, placement="rows"):
-    hvdtrain.init(intra_op_threads=1)
+def train(name, placement="rows"):
+    """The tables (the sharded one gathered whole) and the Dense kernels
+    after training with optimizer `name`, and the rows of this rank's shard."""
     x, y = data()
     table = np.random.default_rng(7).normal(size=(ROWS, WIDTH)).astype("float32")
     sharded = build(ShardedEmbedding(ROWS, WIDTH, placement=placement, name="table"))
@@ -104,13 +101,8 @@ def main(out, name, placement="rows"):
             {"class_name": name, "config": {"learning_rate": LR}})), "mse")
         replicated.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
     (whole,) = sharding.gather([sharded.layers[1].embeddings], [sharded.layers[1].embeddings])
-    if hvd.rank() == 0:
-        np.savez(f"{out}/{name}.npz", sharded_table=whole,
-                 replicated_table=replicated.layers[1].embeddings.numpy(),
-                 sharded_dense=sharded.get_layer("dense").kernel.numpy(),
-                 replicated_dense=replicated.get_layer("dense").kernel.numpy(),
-                 shard_rows=sharded.layers[1].embeddings.shape[0])
-
-
-if __name__ == "__main__":
-    main(*sys.argv[1:])
+    return dict(sharded_table=whole,
+                replicated_table=replicated.layers[1].embeddings.numpy(),
+                sharded_dense=sharded.get_layer("dense").kernel.numpy(),
+                replicated_dense=replicated.get_layer("dense").kernel.numpy(),
+                shard_rows=sharded.layers[1].embeddings.shape[0])

@@ -1,23 +1,19 @@
 """The Horovod-style facade (hvdtrain.keras) at np=2."""
 
-import json
-
 import numpy as np
 
-from launch import horovodrun, worker
+from ranked.support import gathered
+from workers import restored_adam
 
 
 def test_state_restored_on_rank_0_only_is_broadcast(tmp_path, controller):
-    result = horovodrun([*worker("restored_adam"), tmp_path], controller=controller)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    info = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    (values0, info0), (values1, info1) = gathered(restored_adam.run(tmp_path))
+    info = [info0, info1]
     assert all(i["distributed"] and i["optimizer"] == "Adam" for i in info)
-    rank0, rank1 = (np.load(tmp_path / f"rank{r}.npz") for r in (0, 1))
     count = len(info[0]["paths"])
-    assert len(rank0.files) == len(rank1.files) == 3 * count
-    values = [[npz[f"arr_{i}"] for i in range(3 * count)] for npz in (rank0, rank1)]
+    assert len(values0) == len(values1) == 3 * count
     (before0, broadcast0, after0), (before1, broadcast1, after1) = (
-        [v[k * count:(k + 1) * count] for k in range(3)] for v in values)
+        [v[k * count:(k + 1) * count] for k in range(3)] for v in (values0, values1))
     paths = info[0]["paths"]
     iteration = paths.index(next(p for p in paths if p.endswith("iteration")))
     assert before0[iteration] == 6 and before1[iteration] == 0  # 3 epochs of 2 steps

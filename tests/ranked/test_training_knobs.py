@@ -12,28 +12,39 @@ import keras
 import numpy as np
 import pytest
 
-from hvdtrain import checkpoint, run_log
-from launch import REPO, horovodrun, rank_lines, run, worker
+from hvdtrain import checkpoint, run_log, runtime
+from launch import REPO, hvdtrain_command, run, worker
+from ranked.support import computed_once, gathered
+from workers import optimizers
 
 SCORES = REPO / "tests" / "recipes" / "rank_scores.py"
 FAULTS = REPO / "tests" / "recipes" / "faults.py"
 
+pytestmark = pytest.mark.launches(controllers=("gloo",))
+
 
 def _ok(result):
+    """Each rank's output (stdout, then stderr), once the command ended with
+    status 0 on every rank (horovodrun's status 0)."""
+    results = gathered(result)
+    assert all(r.status == 0 for r in results), "".join(r.output[-3000:] for r in results)
+    return [r.output for r in results]
+
+
+def _single_process_optimizers(out):
+    result = run([*worker("optimizers"), out])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result.stdout + result.stderr
 
 
-def test_every_optimizer_at_np2_equals_np1_on_the_global_batch_clipping_included(tmp_path):
-    (tmp_path / "np1").mkdir()
-    (tmp_path / "np2").mkdir()
-    _ok(run([*worker("optimizers"), tmp_path / "np1"]))
-    _ok(horovodrun([*worker("optimizers"), tmp_path / "np2"]))
-    np1 = {p.stem: np.load(p) for p in (tmp_path / "np1").glob("*.npz")}
-    np2 = {p.stem: np.load(p) for p in (tmp_path / "np2").glob("*.npz")}
+@pytest.mark.slow
+def test_every_optimizer_at_np2_equals_np1_on_the_global_batch_clipping_included():
+    np1_dir = computed_once("training-knobs-optimizers-np1", _single_process_optimizers)
+    np1 = {p.stem: np.load(p) for p in np1_dir.glob("*.npz")}
+    np2 = gathered({case: optimizers.train(settings)
+                    for case, settings in optimizers.CASES.items()})[0]   # rank 0's
     assert set(np1) == set(np2) and {"lamb", "lion", "adafactor", "sgd_clipnorm"} <= set(np1)
     for case in np1:
-        for a, b in zip(np1[case].values(), np2[case].values(), strict=True):
+        for a, b in zip(np1[case].values(), np2[case], strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=case)
 
     def moved(a, b):
@@ -59,35 +70,44 @@ def _scores(model_dir):
             for r in run_log.read(model_dir) if r["event"] == "epoch"]
 
 
-def test_early_stopping_and_the_plateau_decide_on_the_average_over_ranks(tmp_path):
+def _copy_checkpoint(source, model_dir):
+    """Rank 0 starts `model_dir` with the checkpoint `source` alone; every
+    rank goes on once it is there."""
+    if runtime.is_main_process():
+        (model_dir / "checkpoints").mkdir(parents=True)
+        shutil.copytree(source, model_dir / "checkpoints" / source.name)
+    runtime.barrier()
+
+
+def test_early_stopping_and_the_plateau_decide_on_the_average_over_ranks(
+        shared_tmp_path, capfd):
     # rank_scores: each rank's own score differs; rank 0's alone would never
     # stop, rank 1's would stop after epoch 3 (and lower the rate earlier).
     flags = [f"--recipe={SCORES}", "--early_stopping_patience=2", "--lr_schedule=plateau",
              "--plateau_patience=1", "--plateau_factor=0.5", "--keep_checkpoints=10",
              "--verbose_all_ranks"]
-    model_dir = tmp_path / "run"
-    output = _ok(horovodrun(["hvdtrain", "train", f"--model_dir={model_dir}", *flags]))
+    model_dir = shared_tmp_path / "run"
+    outputs = _ok(hvdtrain_command(capfd, "train", f"--model_dir={model_dir}", *flags))
     lr = 0.001 * 2
     assert _scores(model_dir) == [(1, 10.0, pytest.approx(lr)), (2, 9.5, pytest.approx(lr)),
                                   (3, 10.5, pytest.approx(lr)),
                                   (4, 11.5, pytest.approx(lr / 2))]
     for rank in (0, 1):
-        lines = [text for r, text in rank_lines(output) if r == rank]
+        lines = outputs[rank].splitlines()
         assert [t for t in lines if t.startswith("Epoch ")][-1] == "Epoch 4/6"
         assert any("early stopping after epoch 4: score has not improved for 2 epoch(s)" in t
                    for t in lines), rank
-    assert "4 epochs (stopped early)" in output
+    assert "4 epochs (stopped early)" in "".join(outputs)
     assert checkpoint.listed(model_dir / "checkpoints")[0].name == "epoch-0004-step-000004"
 
     # Resumed after epoch 3, the count and the lowering go on where they stood.
-    resumed = tmp_path / "resumed"
-    (resumed / "checkpoints").mkdir(parents=True)
-    shutil.copytree(model_dir / "checkpoints" / "epoch-0003-step-000004",
-                    resumed / "checkpoints" / "epoch-0003-step-000004")
-    _ok(horovodrun(["hvdtrain", "train", f"--model_dir={resumed}", "--resume", *flags]))
+    resumed = shared_tmp_path / "resumed"
+    _copy_checkpoint(model_dir / "checkpoints" / "epoch-0003-step-000004", resumed)
+    _ok(hvdtrain_command(capfd, "train", f"--model_dir={resumed}", "--resume", *flags))
     assert _scores(resumed) == [(4, 11.5, pytest.approx(lr / 2))]
     # A run that stopped stays stopped.
-    again = _ok(horovodrun(["hvdtrain", "train", f"--model_dir={resumed}", "--resume", *flags]))
+    again = "".join(_ok(hvdtrain_command(capfd, "train", f"--model_dir={resumed}", "--resume",
+                                         *flags)))
     assert "training stopped early after epoch 4" in again
     assert _scores(resumed) == [(4, 11.5, pytest.approx(lr / 2))]
 
@@ -97,20 +117,44 @@ KNOBS = [f"--recipe={FAULTS}", "--epochs=3", "--optimizer=adamw", "--weight_deca
          "--deterministic", "--checkpoint_steps=10", "--keep_checkpoints=20"]
 
 
-def _profiled_steps(model_dir):
-    """The steps each TensorFlow profile under `model_dir` recorded, per trace file."""
+def _profiles(model_dir):
+    """The TensorFlow profiles under `model_dir`, one XSpace per trace file."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    traces = {}
+    spaces = []
     for path in (model_dir / "tensorboard" / "train" / "plugins" / "profile").glob("*/*.pb"):
         space = xplane_pb2.XSpace()
         space.ParseFromString(path.read_bytes())
-        traces[path] = sorted(
-            stat.int64_value for plane in space.planes for line in plane.lines
-            for event in line.events
-            if plane.event_metadata[event.metadata_id].name == "train"
-            for stat in event.stats if plane.stat_metadata[stat.metadata_id].name == "step_num")
-    return list(traces.values())
+        spaces.append(space)
+    return spaces
+
+
+def _events(space):
+    """(the plane's metadata of the event, the event) of every event."""
+    return [(plane, event) for plane in space.planes for line in plane.lines
+            for event in line.events]
+
+
+def _profiled_steps(model_dir):
+    """The steps each TensorFlow profile under `model_dir` recorded, per trace file."""
+    return [sorted(stat.int64_value for plane, event in _events(space)
+                   if plane.event_metadata[event.metadata_id].name == "train"
+                   for stat in event.stats
+                   if plane.stat_metadata[stat.metadata_id].name == "step_num")
+            for space in _profiles(model_dir)]
+
+
+# What XLA compiled runs as an XLA CPU executable (the profile's event).
+# TensorFlow's log, "Compiled cluster using XLA", comes at a process's first
+# compilation only: a rank of a ranked launch may have compiled in an
+# earlier test.
+XLA_EXECUTABLE_RUNS = "CpuExecutable::ExecuteAsyncOnStream"
+
+
+def _compiled_by_xla(model_dir):
+    """Whether the steps of the run's profile ran what XLA compiled."""
+    return any(plane.event_metadata[event.metadata_id].name == XLA_EXECUTABLE_RUNS
+               for space in _profiles(model_dir) for plane, event in _events(space))
 
 
 def _average_of(path, weights):
@@ -122,11 +166,13 @@ def _average_of(path, weights):
     return averages
 
 
-def test_the_moving_average_is_validated_checkpointed_resumed_and_exported(tmp_path):
-    reference = tmp_path / "reference"
-    output = _ok(horovodrun(["hvdtrain", "train", f"--model_dir={reference}", *KNOBS,
-                             "--profile_steps=30:34"]))
-    assert "Compiled cluster using XLA" in output
+@pytest.mark.slow
+def test_the_moving_average_is_validated_checkpointed_resumed_and_exported(shared_tmp_path,
+                                                                            capfd):
+    reference = shared_tmp_path / "reference"
+    output = "".join(_ok(hvdtrain_command(capfd, "train", f"--model_dir={reference}", *KNOBS,
+                                          "--profile_steps=30:34")))
+    assert _compiled_by_xla(reference), output[-3000:]
     # Rank 0's profile of its window only, across the first epoch's end (32 steps).
     assert _profiled_steps(reference) == [[30, 31, 32, 33, 34]]
     exported = keras.saving.load_model(reference / "model.keras").get_weights()
@@ -139,24 +185,22 @@ def test_the_moving_average_is_validated_checkpointed_resumed_and_exported(tmp_p
 
     # Validation evaluated the moving average: hvdtrain evaluate of the
     # exported model (which holds it) reports what training did.
-    evaluated = _ok(horovodrun(["hvdtrain", "evaluate", f"--model_dir={reference}"]))
+    evaluated = "".join(_ok(hvdtrain_command(capfd, "evaluate", f"--model_dir={reference}")))
     assert re.search(r"model.keras on split validation \(128 examples, 2 workers\)", evaluated)
     reported = [r for r in run_log.read(reference) if r["event"] == "epoch"][-1]["metrics"]
     metrics = json.loads((reference / "evaluation-validation.json").read_text())["metrics"]
     assert metrics == {"accuracy": pytest.approx(reported["val_accuracy"], rel=1e-6),
                        "loss": pytest.approx(reported["val_loss"], rel=1e-6)}
     # So does the last checkpoint, on the moving averages it holds.
-    _ok(horovodrun(["hvdtrain", "evaluate", f"--model_dir={reference}",
-                    "--checkpoint=epoch-0003-step-000032"]))
+    _ok(hvdtrain_command(capfd, "evaluate", f"--model_dir={reference}",
+                         "--checkpoint=epoch-0003-step-000032"))
     assert json.loads((reference / "evaluation-validation-epoch-0003-step-000032.json")
                       .read_text())["metrics"] == pytest.approx(metrics, rel=1e-6)
 
     # Resumed from the middle of epoch 2, the run ends where the reference did.
-    resumed = tmp_path / "resumed"
-    (resumed / "checkpoints").mkdir(parents=True)
-    shutil.copytree(reference / "checkpoints" / "epoch-0002-step-000008",
-                    resumed / "checkpoints" / "epoch-0002-step-000008")
-    _ok(horovodrun(["hvdtrain", "train", f"--model_dir={resumed}", "--resume", *KNOBS]))
+    resumed = shared_tmp_path / "resumed"
+    _copy_checkpoint(reference / "checkpoints" / "epoch-0002-step-000008", resumed)
+    _ok(hvdtrain_command(capfd, "train", f"--model_dir={resumed}", "--resume", *KNOBS))
     for a, b in zip(exported, keras.saving.load_model(resumed / "model.keras").get_weights(),
                     strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

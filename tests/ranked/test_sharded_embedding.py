@@ -20,23 +20,22 @@ import textwrap
 import numpy as np
 import pytest
 
-from hvdtrain import checkpoint, run_log
-from launch import horovodrun, rank_lines, worker
-from parallel.test_wide_and_deep import SYNTHETIC, SYNTHETIC_AUC, val_auc
+from hvdtrain import checkpoint, run_log, runtime
+from launch import hvdtrain_command, run
+from ranked.support import gathered
+from ranked.test_wide_and_deep import SYNTHETIC, SYNTHETIC_AUC, merged, val_auc
+from workers import sharded_embedding
 
 # Horovod's alltoall differs by controller (Gloo's own, MPI_Alltoallv): each runs some.
 CASES = [("sgd", "rows", "gloo"), ("adagrad", "rows", "mpi"), ("adagrad", "table", "gloo"),
          ("adam", "rows", "mpi")]
 
 
-@pytest.mark.parametrize("optimizer, placement, controller", CASES,
-                         ids=["-".join(case) for case in CASES])
-def test_sharded_training_equals_the_replicated_reference(tmp_path, optimizer, placement,
-                                                          controller):
-    result = horovodrun([*worker("sharded_embedding"), tmp_path, optimizer, placement],
-                        controller=controller)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    found = np.load(tmp_path / f"{optimizer}.npz")
+@pytest.mark.parametrize("optimizer, placement, controller", [
+    pytest.param(*case, id="-".join(case), marks=pytest.mark.launches(controllers=(case[2],)))
+    for case in CASES])
+def test_sharded_training_equals_the_replicated_reference(optimizer, placement, controller):
+    found = gathered(sharded_embedding.train(optimizer, placement))[0]   # rank 0's
     start = np.random.default_rng(7).normal(size=found["replicated_table"].shape)
     # Lazy Adam's reference runs in float64, the layer in float32.
     tolerance = 1e-4 if optimizer == "adam" else 1e-6
@@ -56,11 +55,22 @@ TINY = ["--option=table_rows=4096", "--option=embedding_dim=8", "--option=hidden
         "--deterministic"]
 
 
-def train(model_dir, *args, np=2, controller="gloo"):
-    result = horovodrun(["hvdtrain", "train", "--recipe=wide_and_deep", f"--model_dir={model_dir}",
-                         *args], np=np, controller=controller, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
+def train(capfd, model_dir, *args, np=2):
+    """`hvdtrain train --recipe=wide_and_deep` on the ranks of this launch
+    (np=2), or in one process alone that rank 0 starts while the others wait
+    (np=1)."""
+    command = ["train", "--recipe=wide_and_deep", f"--model_dir={model_dir}", *args]
+    if np == 2:
+        result = merged(hvdtrain_command(capfd, *command))
+        assert result.status == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        return result
+    alone = None
+    if runtime.is_main_process():
+        done = run(["hvdtrain", *command], timeout=300)
+        alone = (done.returncode, done.stdout[-3000:] + done.stderr[-3000:])
+    returncode, output = gathered(alone)[0]   # the others wait for rank 0's
+    assert returncode == 0, output
+    return None
 
 
 def exported(model_dir):
@@ -71,15 +81,17 @@ def exported(model_dir):
     return keras.saving.load_model(model_dir / "model.keras", compile=False)
 
 
-def test_the_recipe_sharded_learns_and_exports_plain_embeddings(tmp_path):
+@pytest.mark.slow
+@pytest.mark.launches(controllers=("gloo",))
+def test_the_recipe_sharded_learns_and_exports_plain_embeddings(shared_tmp_path, capfd):
     import keras
 
-    # The replicated run's settings and bar (tests/parallel/test_wide_and_deep.py),
+    # The replicated run's settings and bar (tests/ranked/test_wide_and_deep.py),
     # computing in bfloat16 (the rows travel in the table's float32).
-    result = train(tmp_path, *SYNTHETIC, "--option=embeddings=sharded",
+    result = train(capfd, shared_tmp_path, *SYNTHETIC, "--option=embeddings=sharded",
                    "--precision=mixed_bfloat16")
     assert val_auc(result) > SYNTHETIC_AUC
-    model = exported(tmp_path)
+    model = exported(shared_tmp_path)
     for name in ("deep_embedding", "wide_weights"):
         layer = model.get_layer(name)
         assert type(layer) is keras.layers.Embedding
@@ -88,30 +100,34 @@ def test_the_recipe_sharded_learns_and_exports_plain_embeddings(tmp_path):
     # hvdtrain evaluate builds the recipe's sharded model and gives each
     # worker its rows, of the exported table or of a checkpoint's: both
     # report what training's last validation did.
-    reported = [r for r in run_log.read(tmp_path) if r["event"] == "epoch"][-1]["metrics"]
-    newest = checkpoint.listed(tmp_path / "checkpoints")[0].name
+    reported = [r for r in run_log.read(shared_tmp_path) if r["event"] == "epoch"][-1]["metrics"]
+    newest = checkpoint.listed(shared_tmp_path / "checkpoints")[0].name
     for source, written in ((), "evaluation-validation.json"), (
             (f"--checkpoint={newest}",), f"evaluation-validation-{newest}.json"):
-        result = horovodrun(["hvdtrain", "evaluate", f"--model_dir={tmp_path}", *source])
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        metrics = json.loads((tmp_path / written).read_text())["metrics"]
+        result = merged(hvdtrain_command(capfd, "evaluate", f"--model_dir={shared_tmp_path}",
+                                         *source))
+        assert result.status == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        metrics = json.loads((shared_tmp_path / written).read_text())["metrics"]
         assert metrics["auc"] == pytest.approx(reported["val_auc"], rel=1e-4), source
         assert metrics["loss"] == pytest.approx(reported["val_loss"], rel=1e-4), source
 
 
-def test_resumes_exactly_and_on_another_number_of_workers(tmp_path):
+@pytest.mark.slow
+@pytest.mark.launches(controllers=("gloo",))
+def test_resumes_exactly_and_on_another_number_of_workers(shared_tmp_path, capfd):
     adam = [*TINY, "--option=embeddings=sharded"]   # lazy Adam: its moments are state too
-    train(tmp_path / "straight", *adam, "--epochs=2")
-    train(tmp_path / "resumed", *adam, "--epochs=1")
-    train(tmp_path / "resumed", *adam, "--epochs=2", "--resume")
-    straight, resumed = exported(tmp_path / "straight"), exported(tmp_path / "resumed")
+    train(capfd, shared_tmp_path / "straight", *adam, "--epochs=2")
+    train(capfd, shared_tmp_path / "resumed", *adam, "--epochs=1")
+    train(capfd, shared_tmp_path / "resumed", *adam, "--epochs=2", "--resume")
+    straight = exported(shared_tmp_path / "straight")
+    resumed = exported(shared_tmp_path / "resumed")
     for a, b in zip(straight.weights, resumed.weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
     # Written by 2 workers, read by 1 (nothing left to train: the state as
     # restored is what it exports), written by 1, read by 2.
     for np_ in (1, 2):
-        train(tmp_path / "resumed", *adam, "--epochs=2", "--resume", np=np_)
-        again = exported(tmp_path / "resumed")
+        train(capfd, shared_tmp_path / "resumed", *adam, "--epochs=2", "--resume", np=np_)
+        again = exported(shared_tmp_path / "resumed")
         for a, b in zip(straight.weights, again.weights):
             np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=f"np={np_}: {a.path}")
 
@@ -162,17 +178,23 @@ BAD = {
 }
 
 
+@pytest.mark.launches(controllers=("gloo",))
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", BAD, ids=list(BAD))
-def test_bad_input_ends_every_rank_with_one_line(tmp_path, case):
-    recipe = tmp_path / "sharded_recipe.py"
-    recipe.write_text(textwrap.dedent(RECIPE))
+def test_bad_input_ends_every_rank_with_one_line(shared_tmp_path, capfd, case):
+    recipe = shared_tmp_path / "sharded_recipe.py"
+    if runtime.is_main_process():
+        recipe.write_text(textwrap.dedent(RECIPE))
+    runtime.barrier()
     args, expected = BAD[case]
-    result = horovodrun(["hvdtrain", "train", f"--recipe={recipe}", "--intra_op_threads=1",
-                         f"--model_dir={tmp_path / 'run'}", *args], timeout=120)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output[-3000:]
-    errors = {rank: text for rank, text in rank_lines(output) if "hvdtrain: error:" in text}
+    results = gathered(hvdtrain_command(capfd, "train", f"--recipe={recipe}",
+                                        "--intra_op_threads=1",
+                                        f"--model_dir={shared_tmp_path / 'run'}", *args))
+    output = "".join(r.output for r in results)
+    assert any(r.status != 0 for r in results), output[-3000:]
+    errors = {rank: text for rank, r in enumerate(results) for text in r.output.splitlines()
+              if "hvdtrain: error:" in text}
     # Both ranks find it in the same step, and print the same line.
     assert set(errors) == {0, 1} and len(set(errors.values())) == 1, output[-3000:]
     assert re.search(expected, errors[0]), errors[0]
-    assert not any("Traceback" in text for _, text in rank_lines(output)), output[-3000:]
+    assert not any("Traceback" in r.output for r in results), output[-3000:]

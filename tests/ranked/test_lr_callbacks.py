@@ -5,10 +5,13 @@ import numpy as np
 import pytest
 
 import momentum_reference
-from launch import horovodrun, worker
+from ranked.support import gathered
+from workers import lr_schedules
 
 # As in workers/lr_schedules.py.
 STEPS, GLOBAL_BATCH, EPOCHS, LR, SIZE, WEIGHT_DECAY = 3, 8, 3, 0.05, 2, 0.5
+
+pytestmark = pytest.mark.launches(controllers=("gloo",))
 
 
 def _global_batches():
@@ -20,11 +23,8 @@ def _global_batches():
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("lr")
-    result = horovodrun([*worker("lr_schedules"), out])
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return {name: [np.load(out / f"{name}.rank{r}.npz") for r in range(SIZE)]
+def runs():
+    return {name: gathered(lr_schedules.run(name))
             for name in ("warmup", "fractional_warmup", "decay", "warmup_nesterov_decay",
                          "warmup_rmsprop_decay")}
 
