@@ -20,12 +20,12 @@ demo: setup
 	horovodrun --config-file horovodrun.cfg -np $(NP) -H localhost:$(NP) \
 		hvdtrain train --recipe=digits_cnn --model_dir="$(MODEL_DIR)"
 
-# The whole suite (its tiers: README, Testing), ending with its 20 slowest tests.
+# The whole suite (its tiers: docs/testing.md), ending with its 20 slowest tests.
 test: setup
 	python -m pytest tests --ignore=tests/gpu_flavour --durations=20
 
-# The edit-test loop, in minutes: the unit tests and the ranked tests not
-# marked slow (a recipe trained, tens of seconds), in one launch per controller.
+# The edit-test loop, in minutes: the unit and ranked tests not marked slow
+# (a recipe trained, tens of seconds), the ranked ones in one launch per controller.
 test-quick: setup
 	python -m pytest tests/unit tests/ranked --ranked-np=2 -m "not slow" --durations=10
 

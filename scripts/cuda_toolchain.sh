@@ -10,7 +10,7 @@
 #                and /usr/local/cuda, else pypi
 # The kernels are small (scaling and copying fusion buffers); the host side of
 # Horovod calls the CUDA runtime that TensorFlow's pip packages bring, so the
-# toolkit decides only which driver the device code needs (README, GPUs).
+# toolkit decides only which driver the device code needs (docs/gpus.md).
 # The functions print their results on stdout and their progress on stderr.
 
 CUDA_PYPI_PACKAGES=(nvidia-cuda-nvcc nvidia-cuda-crt nvidia-nvvm nvidia-cuda-runtime nvidia-cuda-cccl)

@@ -10,7 +10,8 @@ from launch import hvdtrain_command, run
 from ranked.support import gathered, on_rank_0
 
 # The run was one horovodrun (no controller named: Gloo).
-pytestmark = pytest.mark.launches(controllers=("gloo",))
+# Every test reads one training of the digits recipe.
+pytestmark = [pytest.mark.launches(controllers=("gloo",)), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -79,6 +79,7 @@ def _copy_checkpoint(source, model_dir):
     runtime.barrier()
 
 
+@pytest.mark.slow
 def test_early_stopping_and_the_plateau_decide_on_the_average_over_ranks(
         shared_tmp_path, capfd):
     # rank_scores: each rank's own score differs; rank 0's alone would never

@@ -11,6 +11,7 @@ from hvdtrain import recipe
 from launch import REPO, hvdtrain_command, run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", ["console script with flagfile", "module", "recipe script"])
 def test_entry_points_train_and_write_the_model(tmp_path, entry):
     flags = [f"--model_dir={tmp_path}", "--epochs=1", "--verbose=0"]

@@ -157,10 +157,11 @@ def test_the_slurm_script_is_valid_bash_and_launches_a_valid_command():
     _dry_run([word.replace("$SLURM_JOB_ID", "1") for word in command])
 
 
-def test_the_readmes_launches_check_their_config_file_first():
-    readme = (REPO / "README.md").read_text()
+def test_the_docs_launches_check_their_config_file_first():
+    docs = "".join(path.read_text() for path in [REPO / "README.md",
+                                                  *sorted((REPO / "docs").glob("*.md"))])
     launches = 0
-    for block in re.findall(r"^```sh\n(.*?)^```", readme, re.MULTILINE | re.DOTALL):
+    for block in re.findall(r"^```sh\n(.*?)^```", docs, re.MULTILINE | re.DOTALL):
         commands = _commands(block)
         for i, words in enumerate(commands):
             if "horovodrun" in words[:2] and "--config-file" in words:   # maybe after resumable.sh

@@ -6,6 +6,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from launch import REPO, environment, run
 
 HOLD = ("import sys, time; import horovod.tensorflow as hvd; hvd.init(); "
@@ -20,6 +22,7 @@ def _hold(model_dir):
     return holder
 
 
+@pytest.mark.slow
 def test_a_model_dir_owned_by_a_live_process_is_refused_and_a_killed_ones_is_not(tmp_path):
     model_dir = tmp_path / "model"
     holder = _hold(model_dir)
