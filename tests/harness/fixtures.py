@@ -11,8 +11,8 @@ from absl import logging
 
 from harness import launches
 
-__all__ = ["controller", "keras_state_reset", "process_state_restored", "pytest_generate_tests", "ranked_launch",
-           "shared_tmp_path"]
+__all__ = ["controller", "keras_state_reset", "process_state_restored", "pytest_generate_tests",
+           "ranked_launch", "shared_tmp_path"]
 
 # rank_main.py tells the tests where the launch keeps its files, and the
 # dispatcher where its session keeps what every launch may share.

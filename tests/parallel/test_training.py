@@ -8,14 +8,11 @@ import json
 import os
 
 from launch import horovodrun, worker
-
-
-def _ok(result):
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+from run_checks import ok
 
 
 def _read_shards(tmp_path, examples, batch_size, intra_op_threads=0):
-    _ok(horovodrun([*worker("shards"), tmp_path, examples, batch_size, intra_op_threads]))
+    ok(horovodrun([*worker("shards"), tmp_path, examples, batch_size, intra_op_threads]))
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 

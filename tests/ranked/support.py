@@ -10,13 +10,23 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from harness.fixtures import SESSION_DIR
+from launch import Finished
 
-__all__ = ["computed_once", "gathered", "on_rank_0"]
+__all__ = ["computed_once", "gathered", "merged", "on_rank_0"]
 
 
 def gathered(value):
     """[value on rank 0, value on rank 1, ...] (any picklable value), on every rank."""
     return hvd.allgather_object(value)
+
+
+def merged(result):
+    """This rank's `result` of a command run on every rank, as horovodrun
+    reports the command: every rank's output one after the other, and status
+    0 if every rank's is 0 (else the first other one)."""
+    results = gathered(result)
+    return Finished(next((r.status for r in results if r.status), 0),
+                    "".join(r.stdout for r in results), "".join(r.stderr for r in results))
 
 
 def on_rank_0(call, *args, **kwargs):

@@ -22,8 +22,8 @@ import pytest
 
 from hvdtrain import checkpoint, run_log, runtime
 from launch import hvdtrain_command, run
-from ranked.support import gathered
-from ranked.test_wide_and_deep import SYNTHETIC, SYNTHETIC_AUC, merged, val_auc
+from ranked.support import gathered, merged
+from ranked.test_wide_and_deep import SYNTHETIC, SYNTHETIC_AUC, val_auc
 from workers import sharded_embedding
 
 # Horovod's alltoall differs by controller (Gloo's own, MPI_Alltoallv): each runs some.

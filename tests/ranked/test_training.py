@@ -4,12 +4,9 @@ import numpy as np
 import pytest
 
 from launch import run, worker
+from run_checks import ok
 from ranked.support import computed_once, gathered
 from workers import broadcast, one_step, train_and_dump
-
-
-def _ok(result):
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 def test_ranks_end_with_bit_identical_weights(shared_tmp_path, controller):
@@ -31,7 +28,7 @@ def test_ranks_end_with_bit_identical_weights(shared_tmp_path, controller):
 
 
 def _single_process_step(out):
-    _ok(run([*worker("one_step"), out / "np1.npz", 16]))
+    ok(run([*worker("one_step"), out / "np1.npz", 16]))
 
 
 def test_step_at_np2_equals_step_at_np1_with_global_batch(controller):

@@ -14,7 +14,7 @@ import pytest
 from harness.fixtures import WORKDIR
 from hvdtrain import recipe, runtime
 from launch import Finished, horovodrun, hvdtrain_command
-from ranked.support import computed_once, gathered
+from ranked.support import computed_once, gathered, merged
 
 pytestmark = pytest.mark.launches(controllers=("gloo",))
 
@@ -28,15 +28,6 @@ SYNTHETIC = [*TINY, "--option=synthetic_examples=16000", "--epochs=2", "--determ
              "--optimizer=sgd", "--momentum=0", "--learning_rate=0.3"]
 # The hidden model's own validation AUC is about 0.8; these settings reach about 0.71.
 SYNTHETIC_AUC = 0.65
-
-
-def merged(result):
-    """This rank's `result` of a command run on every rank, as horovodrun
-    reports the command: every rank's output one after the other, and status
-    0 if every rank's is 0 (else the first other one)."""
-    results = gathered(result)
-    return Finished(next((r.status for r in results if r.status), 0),
-                    "".join(r.stdout for r in results), "".join(r.stderr for r in results))
 
 
 def val_auc(result):
