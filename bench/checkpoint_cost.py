@@ -80,7 +80,7 @@ def _resnet50(directory):
     import numpy as np
 
     import hvdtrain
-    from hvdtrain import checkpoint, training_state
+    from hvdtrain.state import checkpoint, training_state
 
     model = keras.applications.ResNet50(weights=None)
     model.compile(optimizer=hvdtrain.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)),
@@ -110,7 +110,7 @@ def _resnet50(directory):
 
 
 def _megabytes(model):
-    from hvdtrain import training_state
+    from hvdtrain.state import training_state
     return sum(v.numpy().nbytes for v in training_state.training_variables(model)) / 1e6
 
 

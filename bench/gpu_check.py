@@ -49,7 +49,7 @@ SHARDED_AUC = 0.65
 
 
 def check_doctor():
-    from hvdtrain import doctor
+    from hvdtrain.tools import doctor
     report = {title: dict(rows) for title, rows in doctor.sections(REPO / "horovodrun.cfg")}
     self_tests = {**report["allreduce self-test, 2 local processes"],
                   **report["NCCL self-test, one process per GPU"]}

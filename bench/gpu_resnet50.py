@@ -18,7 +18,7 @@ the same data and are measured the same way:
                 callbacks, no XLA;
   hvdtrain_xla  the same with --jit_compile: the forward and backward pass
                 and the update compiled by XLA, the reduction between them.
-Throughput is hvdtrain's own measurement (hvdtrain.throughput): windows of
+Throughput is hvdtrain's own measurement (hvdtrain.tools.throughput): windows of
 steps after warm-up, a 95% interval of the mean. Per precision, hvdtrain /
 keras is the cost of the framework on one device, and hvdtrain_xla /
 hvdtrain what XLA gives it.

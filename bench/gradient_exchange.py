@@ -63,7 +63,7 @@ def work():
     import tensorflow as tf
 
     import hvdtrain
-    from hvdtrain.reduction import GradientReducer
+    from hvdtrain.parallel.data.reduction import GradientReducer
 
     hvdtrain.init()
 

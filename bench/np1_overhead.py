@@ -72,8 +72,9 @@ def work(scratch):
     import keras
 
     import hvdtrain
-    from hvdtrain import callbacks as hvdtrain_callbacks, compiled_model, optimizer
-    from hvdtrain import recipe as recipe_lib, trainer
+    from hvdtrain import callbacks as hvdtrain_callbacks, recipe as recipe_lib
+    from hvdtrain.parallel.data import optimizer
+    from hvdtrain.run import compiled_model, trainer
 
     hvdtrain.init(intra_op_threads=FLAGS.intra_op_threads)
     recipe = recipe_lib.get(RECIPE)

@@ -42,7 +42,7 @@ import time
 
 from absl import app, flags
 
-from hvdtrain.preemption import EXIT_STATUS
+from hvdtrain.faults.preemption import EXIT_STATUS
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
 from launch import REPO, environment, rank_lines, rank_pid, wait_until  # noqa: E402

@@ -106,7 +106,8 @@ def work():
     marks = {"launcher": process_start(), "python": time.time()}
     from unittest import mock
 
-    from hvdtrain import callbacks, recipe as recipe_lib, runtime, trainer
+    from hvdtrain import callbacks, recipe as recipe_lib, runtime
+    from hvdtrain.run import trainer
 
     # As `hvdtrain train` does before training; this imports the recipe's module (TFDS) too.
     config = recipe_lib.make_config(RECIPE, epochs=1, verbose=0, export=False,

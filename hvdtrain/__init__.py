@@ -1,6 +1,13 @@
 """hvdtrain: data-parallel training of Keras 3 models with Horovod, and tables
 sharded across the workers where data parallelism alone breaks (hvdtrain.layers).
 
+Each folder is one concept, lowest first: faults (the watchdog, preemption),
+parallel (the strategies: data/, embedding/), data (input pipelines), state
+(position, checkpoints, export), callbacks, run (the trainer, the evaluator),
+tools (doctor, report, throughput); keras and layers are public facades, and
+cli.py, config.py, recipe.py the command line and its settings. A package's
+docstring says what may depend on it; tests/unit/test_layers.py holds the table.
+
 Names load on first use, so that the command line can check its input and
 fail before TensorFlow starts.
 """
@@ -8,35 +15,43 @@ fail before TensorFlow starts.
 import importlib
 
 _EXPORTS = {
-    "Compression": "hvdtrain.compression",
-    "DistributedGradientTape": "hvdtrain.tape",
-    "DistributedOptimizer": "hvdtrain.optimizer",
-    "PartialDistributedOptimizer": "hvdtrain.optimizer",
-    "Preempted": "hvdtrain.preemption",
+    "Compression": "hvdtrain.parallel.data.compression",
+    "DistributedGradientTape": "hvdtrain.parallel.data.tape",
+    "DistributedOptimizer": "hvdtrain.parallel.data.optimizer",
+    "PartialDistributedOptimizer": "hvdtrain.parallel.data.optimizer",
+    "Preempted": "hvdtrain.faults.preemption",
     "Recipe": "hvdtrain.recipe",
     "Splits": "hvdtrain.recipe",
     "TrainConfig": "hvdtrain.config",
-    "Evaluation": "hvdtrain.evaluator",
-    "TrainResult": "hvdtrain.trainer",
-    "broadcast_variables": "hvdtrain.collectives",
-    "evaluate": "hvdtrain.evaluator",
+    "Evaluation": "hvdtrain.run.evaluator",
+    "TrainResult": "hvdtrain.run.trainer",
+    "broadcast_variables": "hvdtrain.parallel.collectives",
+    "evaluate": "hvdtrain.run.evaluator",
     "init": "hvdtrain.runtime",
     "is_main_process": "hvdtrain.runtime",
-    "jit_compile": "hvdtrain.xla",
+    "jit_compile": "hvdtrain.run.xla",
     "local_rank": "hvdtrain.runtime",
     "local_size": "hvdtrain.runtime",
     "rank": "hvdtrain.runtime",
     "size": "hvdtrain.runtime",
-    "train": "hvdtrain.trainer",
+    "train": "hvdtrain.run.trainer",
 }
-_SUBMODULES = ("callbacks", "checkpoint", "data", "elastic", "layers", "recipe")
+# Public modules by their public names, wherever their concept's folder is.
+_SUBMODULES = {
+    "callbacks": "hvdtrain.callbacks",
+    "checkpoint": "hvdtrain.state.checkpoint",
+    "data": "hvdtrain.data",
+    "elastic": "hvdtrain.state.elastic",
+    "layers": "hvdtrain.layers",
+    "recipe": "hvdtrain.recipe",
+}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
 
 def __getattr__(name):
     if name in _SUBMODULES:
-        return importlib.import_module(f"hvdtrain.{name}")
+        return importlib.import_module(_SUBMODULES[name])
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'hvdtrain' has no attribute '{name}'")

@@ -12,7 +12,7 @@ change.
 Flags left unset take the recipe's defaults; `--flagfile=FILE` reads flags
 from a file. Bad input ends every rank with one line on stderr and exit 2;
 a run that cannot go on, exit 1; a run stopped by a signal after a
-checkpoint (hvdtrain.preemption), exit 200.
+checkpoint (hvdtrain.faults.preemption), exit 200.
 """
 
 import dataclasses
@@ -23,11 +23,13 @@ import typing
 
 from absl import app, flags, logging
 
-from hvdtrain import horovod_config, model_dir, preemption
 from hvdtrain import recipe as recipe_lib
-from hvdtrain.config import TrainConfig
 from hvdtrain import errors
+from hvdtrain.config import TrainConfig
 from hvdtrain.errors import TrainingError, UsageError
+from hvdtrain.faults import preemption
+from hvdtrain.state import model_dir
+from hvdtrain.tools import horovod_config
 
 __all__ = ["SETTINGS", "run", "run_recipe"]
 
@@ -164,7 +166,7 @@ def _check_config(paths):
 def _doctor(paths):
     if len(paths) > 1:
         raise UsageError("doctor takes at most one file: hvdtrain doctor [horovodrun.cfg]")
-    from hvdtrain import doctor
+    from hvdtrain.tools import doctor
 
     print(doctor.report(paths[0] if paths else None, self_test=FLAGS.self_test))
 
@@ -172,7 +174,7 @@ def _doctor(paths):
 def _report(paths):
     if len(paths) != 1:
         raise UsageError("report takes one run directory: hvdtrain report runs/digits_cnn")
-    from hvdtrain import report
+    from hvdtrain.tools import report
 
     print(f"hvdtrain: report written to {report.write(paths[0])}")
 
@@ -192,7 +194,8 @@ def _checked_config():
 
 def _evaluate():
     config = _checked_config()
-    from hvdtrain import evaluator, runtime
+    from hvdtrain import runtime
+    from hvdtrain.run import evaluator
 
     result = evaluator.evaluate(config, FLAGS.split, FLAGS.checkpoint or None,
                                 FLAGS.output or None, recipe_given=FLAGS["recipe"].present)
@@ -212,7 +215,9 @@ def _train():
         print(f"hvdtrain: dry run: the flags are valid; training would use {settings}{options}")
         return
 
-    from hvdtrain import runtime, throughput, trainer
+    from hvdtrain import runtime
+    from hvdtrain.run import trainer
+    from hvdtrain.tools import throughput
 
     result = trainer.train(config)
     if runtime.is_main_process():

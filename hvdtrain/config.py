@@ -6,8 +6,9 @@ import math
 import typing
 from collections.abc import Callable
 
-from hvdtrain import preemption, schedules
+from hvdtrain import schedules
 from hvdtrain.errors import UsageError
+from hvdtrain.faults import preemption
 
 __all__ = ["CLIPPING", "COMPRESSIONS", "NON_NEGATIVE", "OPTIMIZERS", "Optimizer", "POSITIVE",
            "Range", "TrainConfig"]

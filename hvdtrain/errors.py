@@ -1,6 +1,11 @@
 """Errors that end a run with one clear line instead of a traceback."""
 
-__all__ = ["TrainingError", "UsageError", "lost_peer"]
+__all__ = ["MODEL_INPUT", "TrainingError", "UsageError", "lost_peer"]
+
+# Starts the message of a check a model's layer makes of its inputs inside
+# the train step (an id outside an embedding table); such a check fails on
+# every worker in the same step.
+MODEL_INPUT = "bad model input: "
 
 
 class UsageError(Exception):

@@ -90,8 +90,9 @@ class Recipe:
 
 def available():
     """The names of the recipes in `hvdtrain.recipes`, sorted."""
-    from hvdtrain import recipes
-    return sorted(m.name for m in pkgutil.iter_modules(recipes.__path__))
+    # Found by name, as they are loaded: recipes use this module, not the reverse.
+    folders = importlib.util.find_spec("hvdtrain.recipes").submodule_search_locations
+    return sorted(m.name for m in pkgutil.iter_modules(folders))
 
 
 def check_name(name):

@@ -19,8 +19,8 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from hvdtrain import launcher_watch, watchdog
 from hvdtrain.errors import UsageError
+from hvdtrain.faults import launcher_watch, watchdog
 
 __all__ = ["barrier", "default_intra_op_threads", "gpu_index", "init", "is_main_process",
            "local_rank", "local_size", "main_process_first", "pin_gpu", "precision_warning",

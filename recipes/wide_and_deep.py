@@ -86,12 +86,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain import collectives
 from hvdtrain.config import POSITIVE, Range
 from hvdtrain.data import from_arrays, from_tfrecords, input_errors
 from hvdtrain.data.files import tfrecord_problem
 from hvdtrain.errors import UsageError
 from hvdtrain.layers import ShardedEmbedding
+from hvdtrain.parallel import collectives
 from hvdtrain.recipe import Option, Recipe, Splits
 
 DENSE_FEATURES = 13

@@ -5,7 +5,7 @@ import re
 
 import keras
 
-from hvdtrain import checkpoint
+from hvdtrain.state import checkpoint
 
 
 def ok(result):

@@ -1,7 +1,8 @@
 """hvdtrain's Keras 3 callbacks for data-parallel training, one per module.
 
 `order.ORDER` is the order `hvdtrain train` runs them in. Horovod's
-callbacks, by Horovod's names, are in hvdtrain.keras.callbacks.
+callbacks, by Horovod's names, are in hvdtrain.keras.callbacks. They depend
+on state, parallel, faults and tools; run and users' scripts depend on them.
 """
 
 from hvdtrain.callbacks.atomic_model_checkpoint import AtomicModelCheckpoint

@@ -2,7 +2,8 @@
 
 import keras
 
-from hvdtrain import atomic_files, runtime
+from hvdtrain import runtime
+from hvdtrain.state import atomic_files
 
 __all__ = ["AtomicModelCheckpoint"]
 

@@ -2,7 +2,7 @@
 
 import keras
 
-from hvdtrain import collectives
+from hvdtrain.parallel import collectives
 
 __all__ = ["AverageMetrics"]
 

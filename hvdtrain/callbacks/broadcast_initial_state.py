@@ -2,8 +2,8 @@
 
 import keras
 
-from hvdtrain import collectives
-from hvdtrain.optimizer import check_loss_scale_order
+from hvdtrain.parallel import collectives
+from hvdtrain.parallel.data.optimizer import check_loss_scale_order
 
 __all__ = ["BroadcastInitialState"]
 

@@ -2,7 +2,7 @@
 
 import keras
 
-from hvdtrain.evaluation import sum_metric_states
+from hvdtrain.parallel.data.evaluation import sum_metric_states
 
 __all__ = ["ExactEvaluation"]
 
@@ -10,7 +10,7 @@ __all__ = ["ExactEvaluation"]
 class ExactEvaluation(keras.callbacks.Callback):
     """Sums evaluation metric states over workers after this worker's
     `steps` evaluation batches (its shard's length, which may differ from
-    the other workers'); see hvdtrain.evaluation. Give it to every rank: the
+    the other workers'); see hvdtrain.parallel.data.evaluation. Give it to every rank: the
     sum is a collective.
 
     Args:

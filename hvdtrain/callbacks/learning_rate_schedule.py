@@ -5,7 +5,7 @@ import keras
 
 from hvdtrain import schedules
 from hvdtrain.callbacks.base import TrainingCallback
-from hvdtrain.optimizer import accumulated_only
+from hvdtrain.parallel.data.optimizer import accumulated_only
 
 __all__ = ["ScheduledLearningRate", "decay_after_warmup"]
 

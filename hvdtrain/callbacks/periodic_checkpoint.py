@@ -1,5 +1,5 @@
 """Checkpoints during `fit`: when to save, and what (the format and the
-writing: hvdtrain.checkpoint)."""
+writing: hvdtrain.state.checkpoint)."""
 
 import time
 
@@ -7,10 +7,13 @@ import horovod.tensorflow as hvd
 import keras
 from absl import logging
 
-from hvdtrain import checkpoint, optimizer as optimizer_lib, runtime, sharding
+from hvdtrain import runtime
 from hvdtrain.callbacks.base import TrainingCallback, kept_states, monitor_mode
 from hvdtrain.errors import TrainingError
-from hvdtrain.training_state import Position, training_variables
+from hvdtrain.parallel import sharding
+from hvdtrain.parallel.data import optimizer as optimizer_lib
+from hvdtrain.state import checkpoint
+from hvdtrain.state.training_state import Position, training_variables
 
 __all__ = ["PeriodicCheckpoint"]
 

@@ -4,10 +4,11 @@ from the cluster), with a checkpoint of exactly that position."""
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from hvdtrain import collectives, preemption
 from hvdtrain.callbacks.base import TrainingCallback
 from hvdtrain.errors import TrainingError
-from hvdtrain.training_state import Position
+from hvdtrain.faults import preemption
+from hvdtrain.parallel import collectives
+from hvdtrain.state.training_state import Position
 
 __all__ = ["PreemptionStop", "StopVote"]
 

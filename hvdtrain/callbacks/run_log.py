@@ -1,4 +1,4 @@
-"""Rank 0's records of a run in its JSON-lines log (the format: hvdtrain.run_log)."""
+"""Rank 0's records of a run in its JSON-lines log (the format: hvdtrain.tools.run_log)."""
 
 import dataclasses
 import datetime
@@ -8,7 +8,8 @@ import platform
 
 import keras
 
-from hvdtrain import run_log, runtime, throughput
+from hvdtrain import runtime
+from hvdtrain.tools import run_log, throughput
 
 __all__ = ["RunLog"]
 

@@ -1,10 +1,10 @@
-"""Training throughput timed in windows of steps (the method: hvdtrain.throughput)."""
+"""Training throughput timed in windows of steps (the method: hvdtrain.tools.throughput)."""
 
 import time
 
 import keras
 
-from hvdtrain import throughput
+from hvdtrain.tools import throughput
 
 __all__ = ["Throughput"]
 

@@ -4,7 +4,7 @@ state of the callbacks that keep one."""
 import horovod.tensorflow as hvd
 
 from hvdtrain.callbacks.base import TrainingCallback, kept_states
-from hvdtrain.training_state import Position
+from hvdtrain.state.training_state import Position
 
 __all__ = ["TrackPosition"]
 

@@ -1,7 +1,7 @@
 """Training's progress, as the run's watchdog sees it."""
 
-from hvdtrain import watchdog
 from hvdtrain.callbacks.base import TrainingCallback
+from hvdtrain.faults import watchdog
 
 __all__ = ["WatchdogProgress"]
 

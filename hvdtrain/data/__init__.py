@@ -1,5 +1,6 @@
 """Input pipelines that give each worker its own shard and every worker the
-same number of training steps."""
+same number of training steps. They depend on runtime and parallel's
+collectives (the workers agree on counts); recipes and run depend on them."""
 
 from hvdtrain.data.arrays import from_arrays
 from hvdtrain.data.files import from_image_folder, from_tfrecords

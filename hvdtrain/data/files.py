@@ -19,9 +19,9 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 from absl import logging
 
-from hvdtrain import collectives
 from hvdtrain.data import image_headers, input_errors, sharding
 from hvdtrain.errors import UsageError
+from hvdtrain.parallel import collectives
 
 __all__ = ["count_records", "from_image_folder", "from_tfrecords", "tfrecord_problem"]
 

@@ -13,14 +13,9 @@ import re
 import tensorflow as tf
 
 from hvdtrain import errors
-from hvdtrain.errors import UsageError
+from hvdtrain.errors import MODEL_INPUT, UsageError
 
-__all__ = ["MODEL_INPUT", "each_file", "reason", "usage_error"]
-
-# Starts the message of a check a model's layer makes of its inputs inside
-# the train step (an id outside an embedding table); such a check fails on
-# every worker in the same step.
-MODEL_INPUT = "bad model input: "
+__all__ = ["each_file", "reason", "usage_error"]
 
 # What TensorFlow puts around the reason on one line.
 _NOISE = re.compile(

@@ -23,8 +23,8 @@ import math
 
 import tensorflow as tf
 
-from hvdtrain import collectives
 from hvdtrain.errors import UsageError
+from hvdtrain.parallel import collectives
 
 __all__ = ["SHUFFLE_BUFFER", "ShardedDataset", "epoch_seed", "evaluation", "preprocessed",
            "shuffled_epochs", "training"]

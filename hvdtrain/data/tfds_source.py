@@ -15,10 +15,11 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import logging
 
-from hvdtrain import collectives, runtime
+from hvdtrain import runtime
 from hvdtrain.data import input_errors, sharding
 from hvdtrain.data.files import count_records
 from hvdtrain.errors import UsageError
+from hvdtrain.parallel import collectives
 
 __all__ = ["from_tfds", "prepare"]
 

@@ -1,1 +1,2 @@
-"""TFDS datasets that hvdtrain builds locally, from data its dependencies ship."""
+"""TFDS datasets that hvdtrain builds locally, from data its dependencies ship.
+They depend on nothing else in hvdtrain; recipes depend on them."""

@@ -8,7 +8,8 @@ callbacks and by Horovod's TensorFlow collectives. Differences: `init()` also
 pins the GPU and sizes the thread pools (see hvdtrain.runtime); Keras 3 has
 no global variables, so `broadcast_global_variables` refuses (use
 `broadcast_variables` or `callbacks.BroadcastGlobalVariablesCallback`).
-`elastic` holds KerasState and the elastic callbacks for Keras 3.
+`elastic` holds KerasState and the elastic callbacks for Keras 3. It
+depends on parallel, callbacks and state; only users' scripts depend on it.
 """
 
 import keras
@@ -21,13 +22,13 @@ from horovod.tensorflow import (  # noqa: F401  (re-exported as Horovod's keras 
 
 import horovod.tensorflow as _hvd
 from hvdtrain import runtime
-from hvdtrain.collectives import broadcast_variables, root_name_scope  # noqa: F401
-from hvdtrain.compression import BF16Compressor, Compression
 from hvdtrain.errors import UsageError
 from hvdtrain.keras import callbacks, elastic  # noqa: F401
-from hvdtrain.optimizer import (  # noqa: F401
+from hvdtrain.parallel.collectives import broadcast_variables, root_name_scope  # noqa: F401
+from hvdtrain.parallel.data.compression import BF16Compressor, Compression
+from hvdtrain.parallel.data.optimizer import (  # noqa: F401
     DistributedOptimizer, PartialDistributedOptimizer, make_distributed)
-from hvdtrain.reduction import GradientReducer
+from hvdtrain.parallel.data.reduction import GradientReducer
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "PartialDistributedOptimizer",
@@ -75,7 +76,7 @@ def broadcast_global_variables(root_rank):
 # under TensorFlow 2, return eager tensors (`.numpy()`, `np.asarray`). Inside
 # a tf.function an unnamed one would be named after its tensor, whose name
 # can differ between ranks: it gets a fixed name at the graph's top level,
-# made unique by the order of the calls (see hvdtrain.reduction).
+# made unique by the order of the calls (see hvdtrain.parallel.data.reduction).
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
               op=None, compression=Compression.none):

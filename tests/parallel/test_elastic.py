@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from horovod.runner.util import network
 
-from hvdtrain import checkpoint
+from hvdtrain.state import checkpoint
 from launch import rank_lines, rank_pid, start, worker
 
 

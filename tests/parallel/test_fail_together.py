@@ -7,7 +7,7 @@ Own launches: one rank exits or hangs while the other runs, and the job's end is
 
 import numpy as np
 
-from hvdtrain import checkpoint
+from hvdtrain.state import checkpoint
 from launch import REPO, horovodrun, rank_lines
 
 FAULTS = REPO / "tests" / "recipes" / "faults.py"

@@ -12,8 +12,8 @@ import signal
 import numpy as np
 import pytest
 
-from hvdtrain import checkpoint
-from hvdtrain.preemption import EXIT_STATUS
+from hvdtrain.faults.preemption import EXIT_STATUS
+from hvdtrain.state import checkpoint
 from launch import (REPO, horovodrun, rank_lines, rank_pid, run, start_horovodrun, wait_until,
                     worker)
 from parallel.interrupted_runs import DIGITS

@@ -9,7 +9,7 @@ import signal
 
 import numpy as np
 
-from hvdtrain import checkpoint
+from hvdtrain.state import checkpoint
 from launch import REPO, horovodrun, rank_pid, start_horovodrun, wait_until
 from parallel.interrupted_runs import DIGITS
 from run_checks import all_intact, final_accuracy, ok, weights

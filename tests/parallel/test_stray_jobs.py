@@ -9,7 +9,8 @@ import signal
 
 import pytest
 
-from hvdtrain import export, launcher_watch
+from hvdtrain.faults import launcher_watch
+from hvdtrain.state import export
 from launch import REPO, horovodrun, rank_lines, rank_pid, start_horovodrun, wait_until
 
 FAULTS = REPO / "tests" / "recipes" / "faults.py"

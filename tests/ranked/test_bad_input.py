@@ -6,9 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hvdtrain import checkpoint
 from hvdtrain.config import TrainConfig
-from hvdtrain.training_state import Position
+from hvdtrain.state import checkpoint
+from hvdtrain.state.training_state import Position
 from launch import hvdtrain_command
 from ranked.support import computed_once, gathered
 

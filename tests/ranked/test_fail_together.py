@@ -4,7 +4,7 @@ to the end, keeps the good checkpoints and refuses to write the model.
 
 import pytest
 
-from hvdtrain import checkpoint
+from hvdtrain.state import checkpoint
 from launch import REPO, hvdtrain_command
 from ranked.support import gathered
 

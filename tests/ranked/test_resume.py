@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrain import checkpoint
+from hvdtrain.state import checkpoint
 from launch import REPO, hvdtrain_command, run
 from ranked.support import gathered, on_rank_0
 import run_checks

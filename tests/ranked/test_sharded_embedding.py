@@ -20,7 +20,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from hvdtrain import checkpoint, run_log, runtime
+from hvdtrain import runtime
+from hvdtrain.state import checkpoint
+from hvdtrain.tools import run_log
 from launch import hvdtrain_command, run
 from ranked.support import gathered, merged
 from ranked.test_wide_and_deep import SYNTHETIC, SYNTHETIC_AUC, val_auc

@@ -12,7 +12,9 @@ import keras
 import numpy as np
 import pytest
 
-from hvdtrain import checkpoint, run_log, runtime
+from hvdtrain import runtime
+from hvdtrain.state import checkpoint
+from hvdtrain.tools import run_log
 from launch import REPO, hvdtrain_command, run, worker
 from ranked.support import computed_once, gathered
 from workers import optimizers

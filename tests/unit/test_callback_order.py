@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 import hvdtrain
-from hvdtrain import callbacks, fit, trainer
+from hvdtrain import callbacks
 from hvdtrain.callbacks import ORDER
 from hvdtrain.callbacks.base import monitor_mode
 from hvdtrain.config import TrainConfig
+from hvdtrain.run import fit, trainer
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -6,10 +6,11 @@ import keras
 import numpy as np
 import pytest
 
-from hvdtrain import atomic_files, checkpoint, fit, training_state
 from hvdtrain.callbacks.base import monitor_mode
 from hvdtrain.errors import UsageError
-from hvdtrain.training_state import Position
+from hvdtrain.run import fit
+from hvdtrain.state import atomic_files, checkpoint, training_state
+from hvdtrain.state.training_state import Position
 
 
 def _position(epoch, step=0, steps=10, workers=2, batch_size=4):

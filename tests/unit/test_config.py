@@ -85,7 +85,7 @@ def test_every_numeric_setting_declares_its_range():
 
 
 def test_every_compression_name_is_an_algorithm_of_compression():
-    from hvdtrain.compression import Compression
+    from hvdtrain.parallel.data.compression import Compression
 
     algorithms = {name for name in vars(Compression) if not name.startswith("_")}
     assert set(config.COMPRESSIONS) == algorithms
@@ -107,7 +107,7 @@ def test_the_optimizers_are_every_optimizer_keras_has():
 def test_every_optimizer_builds_from_the_defaults(name):
     import keras
 
-    from hvdtrain import compiled_model
+    from hvdtrain.run import compiled_model
 
     optimizer = compiled_model.keras_optimizer(TrainConfig(optimizer=name).validate(), 0.5)
     assert isinstance(optimizer, getattr(keras.optimizers, config.OPTIMIZERS[name].keras_class))
@@ -118,7 +118,7 @@ def test_every_optimizer_builds_from_the_defaults(name):
 
 
 def test_the_knobs_every_keras_optimizer_takes_reach_it():
-    from hvdtrain import compiled_model
+    from hvdtrain.run import compiled_model
 
     for knobs in (dict(clipnorm=2.0), dict(global_clipnorm=3.0), dict(clipvalue=0.5)):
         optimizer = compiled_model.keras_optimizer(

@@ -5,8 +5,8 @@ import argparse
 import pytest
 import yaml
 
-from hvdtrain import horovod_config
 from hvdtrain.errors import UsageError
+from hvdtrain.tools import horovod_config
 from launch import REPO, run
 
 CONFIG = REPO / "horovodrun.cfg"
@@ -210,7 +210,7 @@ def test_the_launch_config_file_is_read_from_horovodruns_own_options(
 
 
 def test_the_doctor_reports_a_config_with_an_empty_section(tmp_path):
-    from hvdtrain import doctor
+    from hvdtrain.tools import doctor
     rows = dict(doctor._config(_write(tmp_path, "params:\n  # fusion_threshold_mb: 64\n")))
     assert rows["file"].endswith("horovodrun.cfg (valid)")
 

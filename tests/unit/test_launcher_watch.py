@@ -9,7 +9,7 @@ from launch import REPO, environment
 
 WORKER = """
 import os, time
-from hvdtrain import launcher_watch
+from hvdtrain.faults import launcher_watch
 os.environ["PMI_RANK"] = "0"
 launcher_watch.start(0)
 print("watching", flush=True)

@@ -2,10 +2,10 @@
 
 import pytest
 
-from hvdtrain import trainer
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
-from hvdtrain.model_dir import check_usable
+from hvdtrain.run import trainer
+from hvdtrain.state.model_dir import check_usable
 
 
 def test_a_directory_that_can_be_made_passes_and_nothing_is_left_behind(tmp_path):

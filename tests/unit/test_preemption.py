@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 
 import hvdtrain
-from hvdtrain import callbacks, checkpoint, optimizer, preemption
+from hvdtrain import callbacks
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
+from hvdtrain.faults import preemption
+from hvdtrain.parallel.data import optimizer
+from hvdtrain.state import checkpoint
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from hvdtrain import report
 from hvdtrain.errors import UsageError
+from hvdtrain.tools import report
 
 
 def test_a_resumed_runs_repeated_epochs_count_once_the_last_time():

@@ -3,8 +3,9 @@ NCCL version decoding: the parts of the GPU code paths that run without a GPU.""
 
 import pytest
 
-from hvdtrain import doctor, runtime
+from hvdtrain import runtime
 from hvdtrain.errors import UsageError
+from hvdtrain.tools import doctor
 
 
 @pytest.mark.parametrize("visible, local_rank, local_size, cuda_visible_devices, expected", [

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import hvdtrain
-from hvdtrain import sharding
 from hvdtrain.errors import UsageError
 from hvdtrain.layers import ShardedEmbedding, replicated_copy
+from hvdtrain.parallel import sharding
 
 
 @pytest.fixture(scope="module", autouse=True)

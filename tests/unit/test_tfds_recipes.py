@@ -11,7 +11,7 @@ import hvdtrain
 import tfds_data
 from hvdtrain import recipe
 from hvdtrain.errors import UsageError
-from hvdtrain.optimizer import DistributedOptimizer
+from hvdtrain.parallel.data.optimizer import DistributedOptimizer
 from hvdtrain.recipes import cifar10_resnet, text_transformer
 
 TINY_TRANSFORMER = dict(vocab_size=1000, sequence_length=32, d_model=16, layers=1, heads=2,

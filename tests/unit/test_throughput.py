@@ -7,8 +7,8 @@ import pytest
 from scipy import stats
 
 import hvdtrain
-from hvdtrain import throughput
 from hvdtrain.callbacks import throughput as throughput_meter
+from hvdtrain.tools import throughput
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -13,9 +13,10 @@ import pytest
 import tensorflow as tf
 
 import hvdtrain
-from hvdtrain import callbacks, fit
+from hvdtrain import callbacks
 from hvdtrain.data import from_arrays
 from hvdtrain.errors import UsageError
+from hvdtrain.run import fit
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 
@@ -202,8 +203,8 @@ def test_jit_compile_needs_a_model_compiled_without_xla():
 
 
 def test_a_watched_validation_metric_needs_validation_data():
-    from hvdtrain import trainer
     from hvdtrain.config import TrainConfig
+    from hvdtrain.run import trainer
 
     config = TrainConfig(recipe="resnet50_synthetic", early_stopping_patience=2)
     with pytest.raises(UsageError, match="--best_metric=val_loss is a validation metric, and "
@@ -215,8 +216,8 @@ def test_a_watched_validation_metric_needs_validation_data():
 
 
 def test_a_window_of_steps_past_the_runs_end_is_refused():
-    from hvdtrain import trainer
     from hvdtrain.config import TrainConfig
+    from hvdtrain.run import trainer
 
     config = TrainConfig(epochs=2, profile_steps="41:45")
     with pytest.raises(UsageError, match=r"--profile_steps=41:45 starts after the run's last "

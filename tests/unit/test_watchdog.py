@@ -3,7 +3,7 @@ they are kept on."""
 
 from horovod.runner.http.http_server import KVStoreServer
 
-from hvdtrain.watchdog import Board, stall_message
+from hvdtrain.faults.watchdog import Board, stall_message
 
 
 def _beat(phase, waiting, batches=None, age=1):

@@ -14,8 +14,8 @@ import keras
 import numpy as np
 
 import hvdtrain
-from hvdtrain import compiled_model
 from hvdtrain.config import TrainConfig
+from hvdtrain.run import compiled_model
 
 try:
     from shares import rank_rows            # run as a script: tests/workers on the path

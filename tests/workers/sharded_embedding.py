@@ -21,8 +21,8 @@ import numpy as np
 import tensorflow as tf
 
 import hvdtrain
-from hvdtrain import sharding
 from hvdtrain.layers import ShardedEmbedding
+from hvdtrain.parallel import sharding
 
 ROWS, WIDTH, IDS, BATCH, STEPS, LR = 37, 4, 4, 8, 5, 0.1
 

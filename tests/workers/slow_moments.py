@@ -13,8 +13,9 @@ import time
 
 import horovod.tensorflow as hvd
 
-from hvdtrain import checkpoint, cli
+from hvdtrain import cli
 from hvdtrain.callbacks import exact_evaluation, run_log
+from hvdtrain.state import checkpoint
 
 moment, seconds = os.environ["SLOW"], float(os.environ["SLOW_SECONDS"])
 entered = 0

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvdtrain
-from hvdtrain.reduction import OPS
+from hvdtrain.parallel.data.reduction import OPS
 
 
 def data(variant):

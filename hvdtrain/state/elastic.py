@@ -23,7 +23,7 @@ reset callbacks rescale the learning rate, and `train` shards its data by the
 new rank and size, going on from `state.position` (training_state.continue_at).
 
 `hvdtrain train` does all this when horovodrun starts it in elastic mode
-(see trainer.py). Horovod's own callbacks (epoch and batch counters) are in
+(see run/trainer.py). Horovod's own callbacks (epoch and batch counters) are in
 hvdtrain.keras.elastic.
 """
 
@@ -36,9 +36,11 @@ import tensorflow as tf
 from horovod.common.elastic import ObjectState, run_fn
 from horovod.common.exceptions import HorovodInternalError
 
-from hvdtrain import collectives, runtime, watchdog
+from hvdtrain import runtime
 from hvdtrain.errors import UsageError, lost_peer
-from hvdtrain.training_state import training_variables
+from hvdtrain.faults import watchdog
+from hvdtrain.parallel import collectives
+from hvdtrain.state.training_state import training_variables
 
 __all__ = ["KerasState", "launched", "run"]
 

@@ -6,10 +6,10 @@ that a checkpoint's variables fit either."""
 import horovod.tensorflow as hvd
 import keras
 
-from hvdtrain import xla
-from hvdtrain.compression import Compression
 from hvdtrain.config import CLIPPING, OPTIMIZERS
-from hvdtrain.optimizer import DistributedOptimizer
+from hvdtrain.parallel.data.compression import Compression
+from hvdtrain.parallel.data.optimizer import DistributedOptimizer
+from hvdtrain.run import xla
 
 __all__ = ["compile_model", "keras_optimizer"]
 

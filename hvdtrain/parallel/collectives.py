@@ -11,7 +11,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from hvdtrain import sharding
+from hvdtrain.parallel import sharding
 
 __all__ = ["agree_on_max", "agree_on_min", "allreduce_scalars", "broadcast_variables",
            "raise_together", "root_name_scope"]
@@ -36,7 +36,7 @@ def broadcast_variables(variables, root_rank=0):
 
     Call it on every rank, with the same variables in the same order: they
     are broadcast by position. Does nothing on one process. Shards of a
-    table split across the workers (hvdtrain.sharding) are left out: each
+    table split across the workers (hvdtrain.parallel.sharding) are left out: each
     worker holds its own rows.
 
     Args:

@@ -20,14 +20,18 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from hvdtrain import (atomic_files, checkpoint, collectives, compiled_model, export, run_log,
-                      runtime, sharding, training_state, watchdog)
+from hvdtrain import runtime
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.callbacks import ExactEvaluation
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import input_errors
 from hvdtrain.errors import UsageError
-from hvdtrain.model_dir import DEFAULT_PARENT
+from hvdtrain.faults import watchdog
+from hvdtrain.parallel import collectives, sharding
+from hvdtrain.run import compiled_model
+from hvdtrain.state import atomic_files, checkpoint, export, training_state
+from hvdtrain.state.model_dir import DEFAULT_PARENT
+from hvdtrain.tools import run_log
 
 __all__ = ["Evaluation", "VALIDATION", "evaluate"]
 

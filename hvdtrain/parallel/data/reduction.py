@@ -23,9 +23,9 @@ import itertools
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from hvdtrain.collectives import root_name_scope
-from hvdtrain.compression import BF16Compressor, Compression
 from hvdtrain.errors import UsageError
+from hvdtrain.parallel.collectives import root_name_scope
+from hvdtrain.parallel.data.compression import BF16Compressor, Compression
 
 __all__ = ["GradientReducer", "LocalVariables", "OPS"]
 

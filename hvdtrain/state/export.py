@@ -10,7 +10,7 @@ import shutil
 
 from absl import logging
 
-from hvdtrain import atomic_files
+from hvdtrain.state import atomic_files
 
 __all__ = ["KERAS_FILE", "SAVED_MODEL_DIR", "export"]
 

@@ -19,7 +19,7 @@ import contextlib
 import keras
 import tensorflow as tf
 
-from hvdtrain import watchdog
+from hvdtrain.faults import watchdog
 
 __all__ = ["ContinuedEpoch", "from_position"]
 

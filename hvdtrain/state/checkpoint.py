@@ -21,9 +21,9 @@ by a monitored metric.
 Resuming, rank 0 reads the newest intact checkpoint and broadcasts where to
 go on; its variables reach the other ranks with the broadcast at the start of
 training, so the checkpoint directory need not be shared between hosts. The
-run goes on at the batch after the checkpoint (see fit.py).
+run goes on at the batch after the checkpoint (see run/fit.py).
 
-A table sharded across the workers (hvdtrain.sharding) is saved whole, in
+A table sharded across the workers (hvdtrain.parallel.sharding) is saved whole, in
 row order, as rank 0 gathers it, and each worker takes its rows back when a
 run resumes: the checkpoint is one atomic directory like any other, and
 resumes on any number of workers.
@@ -42,9 +42,11 @@ import keras
 import numpy as np
 from absl import logging
 
-from hvdtrain import atomic_files, collectives, runtime, sharding
+from hvdtrain import runtime
 from hvdtrain.errors import UsageError
-from hvdtrain.training_state import Position, continue_at, training_variables
+from hvdtrain.parallel import collectives, sharding
+from hvdtrain.state import atomic_files
+from hvdtrain.state.training_state import Position, continue_at, training_variables
 
 __all__ = ["FORMAT", "META", "STATE_SETTINGS", "VARIABLES", "Checkpoint", "CorruptCheckpoint",
            "all_finite", "assign", "listed", "newest", "read", "refuse_to_overwrite", "restore",

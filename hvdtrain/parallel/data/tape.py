@@ -13,8 +13,8 @@ inf/NaN are already reduced, so all ranks take the same decision.
 
 import horovod.tensorflow as hvd
 
-from hvdtrain.compression import Compression
-from hvdtrain.reduction import GradientReducer, LocalVariables
+from hvdtrain.parallel.data.compression import Compression
+from hvdtrain.parallel.data.reduction import GradientReducer, LocalVariables
 
 __all__ = ["DistributedGradientTape"]
 

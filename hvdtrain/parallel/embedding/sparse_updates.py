@@ -24,8 +24,8 @@ are refused in one line when the optimizer is built.
 import keras
 import tensorflow as tf
 
-from hvdtrain import sharding
 from hvdtrain.errors import UsageError
+from hvdtrain.parallel import sharding
 
 __all__ = ["RULES", "check", "make_slots", "update"]
 

@@ -15,8 +15,9 @@ import os
 import pathlib
 import socket
 
-from hvdtrain import collectives, runtime
+from hvdtrain import runtime
 from hvdtrain.errors import UsageError
+from hvdtrain.parallel import collectives
 
 __all__ = ["FILE", "acquire", "release"]
 

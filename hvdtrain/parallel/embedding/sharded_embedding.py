@@ -11,7 +11,7 @@ each id to the worker that owns its row and the rows back, with Horovod's
 Autodiff runs the same path backwards: the gradients of the rows travel back
 to their owners (the second alltoall's gradient), where they arrive as a
 `tf.IndexedSlices` on the local shard. The distributed optimizer applies
-those to the looked-up rows only (hvdtrain/sparse_updates.py) and never
+those to the looked-up rows only (sparse_updates.py) and never
 allreduces them; every other variable is averaged as usual.
 
 Every worker must call the layer equally often: a lookup is a collective,
@@ -24,9 +24,9 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from hvdtrain import collectives, memory, sharding
-from hvdtrain.data.input_errors import MODEL_INPUT
-from hvdtrain.errors import UsageError
+from hvdtrain.errors import MODEL_INPUT, UsageError
+from hvdtrain.parallel import collectives, sharding
+from hvdtrain.parallel.embedding import memory
 
 __all__ = ["PLACEMENTS", "ShardedEmbedding", "replicated_copy"]
 

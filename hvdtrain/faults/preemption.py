@@ -10,7 +10,7 @@ the stop under way is the quickest way to a whole checkpoint (SIGKILL still
 ends a process at once, and leaves the previous checkpoint intact).
 
 A worker whose launcher is gone asks to stop the same way
-(hvdtrain.launcher_watch): `horovodrun --mpi` dies of any signal sent to it
+(hvdtrain.faults.launcher_watch): `horovodrun --mpi` dies of any signal sent to it
 without passing it on.
 
 No TensorFlow here: the command line checks --preemption_signals, and
@@ -45,7 +45,7 @@ class Preempted(Exception):
     Attributes:
         reason: What asked this process to stop (a signal's name), or None
             when another rank was asked.
-        position: The `hvdtrain.training_state.Position` the run goes on
+        position: The `hvdtrain.state.training_state.Position` the run goes on
             from when started again with --resume.
     """
 

@@ -11,7 +11,7 @@ proxy runs under mpiexec), and the `sh -c` that runs the topmost of them
 When one of them is gone (the worker or the launcher was re-parented), the
 worker exits non-zero within a second; mpirun then stops the job's other
 workers, on every host. A run that stops cleanly on a signal
-(hvdtrain.preemption) takes the launcher's exit as one: its workers agree
+(hvdtrain.faults.preemption) takes the launcher's exit as one: its workers agree
 on a step, write a checkpoint and exit, or are ended after
 _STOP_GRACE_SECONDS. An interactive shell that started mpirun (e.g. under
 nohup) is not watched: leaving it is no reason to stop.
@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 
-from hvdtrain import preemption
+from hvdtrain.faults import preemption
 
 __all__ = ["start"]
 

@@ -12,15 +12,18 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from hvdtrain import (callbacks, checkpoint, collectives, compiled_model, elastic, export, fit,
-                      layers, preemption, run_lock, runtime, schedules, sharding, throughput,
-                      training_state, watchdog)
-from hvdtrain import optimizer as optimizer_lib
+from hvdtrain import callbacks, layers, runtime, schedules
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.data import input_errors
 from hvdtrain.errors import TrainingError, UsageError
-from hvdtrain.model_dir import DEFAULT_PARENT, check_usable
-from hvdtrain.training_state import Position
+from hvdtrain.faults import preemption, watchdog
+from hvdtrain.parallel import collectives, sharding
+from hvdtrain.parallel.data import optimizer as optimizer_lib
+from hvdtrain.run import compiled_model, fit
+from hvdtrain.state import checkpoint, elastic, export, run_lock, training_state
+from hvdtrain.state.model_dir import DEFAULT_PARENT, check_usable
+from hvdtrain.state.training_state import Position
+from hvdtrain.tools import throughput
 
 __all__ = ["TrainResult", "train"]
 
@@ -42,7 +45,7 @@ class TrainResult:
         start: `(epoch, step)` training started from.
         checkpoint_seconds: Each checkpoint's save time (rank 0; empty on
             the other ranks).
-        throughput: A `hvdtrain.throughput.Measurement` of examples per
+        throughput: A `hvdtrain.tools.throughput.Measurement` of examples per
             second; None: too few steps to time.
     """
     model: keras.Model
@@ -76,7 +79,7 @@ def train(config):
         TrainingError: If training cannot go on: a loss that is not finite
             (`config.nan_policy="fail"`), a checkpoint that cannot be
             written, or weights that are not finite at the end.
-        hvdtrain.preemption.Preempted: On every rank, when a signal of
+        hvdtrain.faults.preemption.Preempted: On every rank, when a signal of
             `config.preemption_signals` (or the launcher's exit) stopped
             training after a checkpoint of where it stands. Those signals
             are then ignored, for the process to exit with its own status.

@@ -8,8 +8,8 @@ import subprocess
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from hvdtrain import collectives
 from hvdtrain.errors import UsageError
+from hvdtrain.parallel import collectives
 
 __all__ = ["available_bytes", "refuse_too_large"]
 

@@ -20,8 +20,9 @@ import tensorflow as tf
 from keras.src import tree
 from keras.src.losses import loss as loss_module
 
-from hvdtrain import optimizer as optimizer_lib, sharding
 from hvdtrain.errors import UsageError
+from hvdtrain.parallel import sharding
+from hvdtrain.parallel.data import optimizer as optimizer_lib
 
 __all__ = ["jit_compile"]
 

@@ -9,8 +9,8 @@ import json
 import math
 import pathlib
 
-from hvdtrain import run_log
 from hvdtrain.errors import UsageError
+from hvdtrain.tools import run_log
 
 __all__ = ["FILE", "epochs", "write"]
 

@@ -192,8 +192,8 @@ def _threads():
 
 
 def _config(config_file):
-    from hvdtrain import horovod_config
     from hvdtrain.errors import UsageError
+    from hvdtrain.tools import horovod_config
     path = pathlib.Path(config_file or "horovodrun.cfg")
     if config_file is None and not path.exists():
         return [("file", "none here (horovodrun uses its defaults); pass --config_file")]

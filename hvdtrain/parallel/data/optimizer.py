@@ -44,10 +44,11 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from hvdtrain import sharding, sparse_updates
-from hvdtrain.compression import Compression
 from hvdtrain.errors import UsageError
-from hvdtrain.reduction import GradientReducer, LocalVariables
+from hvdtrain.parallel import sharding
+from hvdtrain.parallel.data.compression import Compression
+from hvdtrain.parallel.data.reduction import GradientReducer, LocalVariables
+from hvdtrain.parallel.embedding import sparse_updates
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "accumulated_only",
            "add_step_exchange", "check_loss_scale_order", "compile_updates", "configure",
@@ -213,7 +214,7 @@ def make_distributed(optimizer, reducer=None, backward_passes_per_step=1,
 
     Args:
         optimizer: A `keras.optimizers.Optimizer`, built or not.
-        reducer: A `hvdtrain.reduction.GradientReducer` holding the reduction
+        reducer: A `hvdtrain.parallel.data.reduction.GradientReducer` holding the reduction
             options (`DistributedOptimizer`'s `op`, `compression`, ...);
             None: its defaults (average over all processes).
         backward_passes_per_step: As for `DistributedOptimizer`; more than 1
@@ -279,7 +280,7 @@ def add_step_exchange(optimizer, exchange):
 
 def compile_updates(optimizer):
     """Compiles a distributed optimizer's update with XLA, after the
-    gradients' reduction (hvdtrain.xla); other optimizers are left as they
+    gradients' reduction (hvdtrain.run.xla); other optimizers are left as they
     are. Call it before the first step: the train step reads it when traced."""
     if is_distributed(optimizer):
         optimizer._hvd_xla_updates = True

@@ -1,0 +1,9 @@
+"""Parallel: the ways training is split across workers, one sub-package each.
+
+Here, what every strategy shares: collectives over Python values and Keras
+variables, and the placement of variables split across workers by rows.
+`embedding/` shards tables by rows; `data/` replicates the rest and reduces
+every strategy's gradients over the data-parallel workers, so it sits above
+the others. Depends on runtime and errors; used by state, data, callbacks,
+run and the public facades (hvdtrain.keras, hvdtrain.layers).
+"""
