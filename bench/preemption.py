@@ -20,11 +20,10 @@ process) under `horovodrun -np 2`, for each controller:
               from the kill: rank 0's line saying the ranks stopped (the
               checkpoint is written), and horovodrun's exit. Goal: the exit
               within one step (the stop vote runs' median) + the checkpoint's
-              save time (rank 0's last "written in" line) + 2 s. Every rank
-              must exit with status 200, as horovodrun reports it (under
-              Gloo "Process N exit with status code S." for each rank that
-              exited non-zero; under MPI, mpirun names the first such rank,
-              and exits with its status).
+              save time (rank 0's last "written in" line) + 2 s. The ranks
+              must exit with status 200: horovodrun names the first to exit
+              non-zero (under Gloo "horovodrun: rank N exited with status S";
+              under MPI, mpirun's report), and exits with its status.
 The launcher prints a table per controller and writes JSON.
 """
 
@@ -63,7 +62,7 @@ _THROUGHPUT = re.compile(r"hvdtrain: throughput ([\d.]+) examples/s "
 _GLOBAL_BATCH = re.compile(r"global batch (\d+)")
 _SAVED = re.compile(r"checkpoint (\S+) written in ([\d.]+) s")
 _STOPPED = re.compile(r"hvdtrain: preempted\b.*?after (epoch \d+, step \d+)")
-_GLOO_STATUS = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.", re.MULTILINE)
+_GLOO_STATUS = re.compile(r"^horovodrun: rank (\d+) exited with status (\d+)$", re.MULTILINE)
 _MPI_STATUS = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s+Exit code:\s+(\d+)")
 _CHECKPOINT = re.compile(r"epoch-\d+-step-\d+")
 
@@ -139,21 +138,16 @@ def stop_run(controller, model_dir, signal_name, rank, step_seconds):
                if (m := _STOPPED.search(text))]
     if not stopped:
         raise RuntimeError(f"rank 0 did not stop on {signal_name}:\n{output[-3000:]}")
-    if controller == "gloo":   # it names the ranks that exited non-zero
-        statuses = {0: 0, 1: 0} | {int(r): int(s) for r, s in _GLOO_STATUS.findall(output)}
-    else:                      # mpirun, the first of them
-        statuses = {int(r): int(s) for r, s in _MPI_STATUS.findall(output)}
-    # Gloo's launcher prints each rank's exit as it sees it.
-    exited = {int(m.group(1)): at - killed for at, line in lines
-              if (m := _GLOO_STATUS.match(line))}
+    # The launcher names the first rank to exit non-zero.
+    statuses = {int(r): int(s) for r, s in
+                (_GLOO_STATUS if controller == "gloo" else _MPI_STATUS).findall(output)}
     budget = step_seconds + float(save_seconds) + SLACK_SECONDS
     return {"signal": signal_name, "rank": rank, "stopped_after": stopped[0][1],
             "checkpoint": pathlib.Path(path).name, "save_seconds": float(save_seconds),
-            "stopped_seconds": stopped[0][0], "rank_exit_seconds": exited,
-            "exit_seconds": exit_seconds,
+            "stopped_seconds": stopped[0][0], "exit_seconds": exit_seconds,
             "budget_seconds": budget, "margin_seconds": budget - exit_seconds,
             "horovodrun_status": status, "rank_statuses": statuses,
-            "ranks_preempted": bool(statuses) and set(statuses.values()) == {EXIT_STATUS}}
+            "ranks_preempted": status == EXIT_STATUS and set(statuses.values()) == {EXIT_STATUS}}
 
 
 def measure(controller, scratch):

@@ -78,7 +78,7 @@ def launch():
                       f"{r['ratio'][name]:>9.3f}{min(ratios):>8.3f}-{max(ratios):.3f}"
                       if ratios else f"{'':>9}{'':>14}") +
                   f"{r['bytes_sent'][name] / 1024:>15.1f}")
-    print(f"noise: replicated_adam's rate / its rate in the epoch before, per size: "
+    print("noise: replicated_adam's rate / its rate in the epoch before, per size: "
           + ", ".join(f"2^{k} {r['noise'][0]:.3f}-{r['noise'][1]:.3f}"
                       for k, r in results.items()) + f". JSON: {FLAGS.output}")
 

@@ -2,10 +2,10 @@
 sharded across the workers where data parallelism alone breaks (hvdtrain.layers).
 
 Each folder is one concept, lowest first: faults (the watchdog, preemption),
-parallel (the strategies: data/, embedding/), data (input pipelines), state
-(position, checkpoints, export), callbacks, run (the trainer, the evaluator),
-tools (doctor, report, throughput); keras and layers are public facades, and
-cli.py, config.py, recipe.py the command line and its settings. A package's
+tools (doctor, report, throughput), parallel (the strategies: data/,
+embedding/), data (input pipelines), state (position, checkpoints, export),
+callbacks, run (the trainer, the evaluator); keras and layers are public
+facades, and cli.py, config.py, recipe.py the command line and its settings. A package's
 docstring says what may depend on it; tests/unit/test_layers.py holds the table.
 
 Names load on first use, so that the command line can check its input and

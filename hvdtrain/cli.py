@@ -197,13 +197,13 @@ def _evaluate():
     from hvdtrain import runtime
     from hvdtrain.run import evaluator
 
+    if FLAGS.output:
+        # Here too, before TensorFlow starts, where it is the same on every rank.
+        model_dir.check_writable_file(FLAGS.output, "--output")
     result = evaluator.evaluate(config, FLAGS.split, FLAGS.checkpoint or None,
                                 FLAGS.output or None, recipe_given=FLAGS["recipe"].present)
     if runtime.is_main_process():
-        metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(result.metrics.items()))
-        print(f"hvdtrain: {result.source} on split {result.split} ({result.examples} examples, "
-              f"{result.workers} worker{'s' * (result.workers != 1)}): {metrics}; "
-              f"written to {result.path}")
+        print(f"hvdtrain: {evaluator.describe(result)}; written to {result.path}")
 
 
 def _train():

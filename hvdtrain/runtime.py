@@ -20,7 +20,7 @@ import tensorflow as tf
 from absl import logging
 
 from hvdtrain.errors import UsageError
-from hvdtrain.faults import launcher_watch, watchdog
+from hvdtrain.faults import launcher_watch, unread_output, watchdog
 
 __all__ = ["barrier", "default_intra_op_threads", "gpu_index", "init", "is_main_process",
            "local_rank", "local_size", "main_process_first", "pin_gpu", "precision_warning",
@@ -82,12 +82,14 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
         # Well after Horovod's stall check (told stall_timeout), where that can act.
         watchdog.start(3 * stall_timeout, board)
     hvd.init(comm=comm, process_sets=process_sets)
+    # Before any TensorFlow op (the board's broadcast is one): they freeze both.
+    gpu = pin_gpu()
+    _set_threads(intra_op_threads or default_intra_op_threads(), inter_op_threads)
     watchdog.progress("setting up")
     if stall_timeout and hvd.size() > 1 and board is None:
         watchdog.use_board(watchdog.serve_board())
+    unread_output.install()     # a launcher that dies must not take the checkpoint with it
     launcher_watch.start(hvd.rank())
-    gpu = pin_gpu()
-    _set_threads(intra_op_threads or default_intra_op_threads(), inter_op_threads)
     if precision is not None:
         # Layers take the policy when they are created: set it before any model.
         keras.mixed_precision.set_global_policy(precision)

@@ -144,6 +144,73 @@ def _keep_build_facts(facts):
     except OSError:
         pass   # a read-only installation: asked again at the next launch
 """),
+    ("horovod/runner/gloo_run.py",
+     # horovodrun --gloo raises when a worker fails: a 20-line traceback after
+     # the worker's own one-line error, and status 1 whatever the worker's
+     # (2 for bad input, 200 for a preemption to requeue). mpirun exits with
+     # the first failing worker's status; so does horovodrun now, after one
+     # line naming it. The exception stays a RuntimeError for horovod.run().
+     "horovodrun --gloo: the first failing worker, in one line and its status",
+     """            raise RuntimeError('Horovod detected that one or more processes exited with non-zero '
+                               'status, thus causing the job to be terminated. The first process '
+                               'to do so was:\\nProcess name: {name}\\nExit code: {code}\\n'
+                               .format(name=name, code=exit_code))
+
+
+def _get_min_start_hosts(settings):
+""",
+     """            raise WorkerFailed(name, exit_code)
+
+
+class WorkerFailed(RuntimeError):
+    \"\"\"The first worker to exit non-zero (its rank) and the status it exited with.\"\"\"
+
+    def __init__(self, rank, exit_code):
+        super().__init__(f'horovodrun: rank {rank} exited with status {exit_code}')
+        self.exit_code = exit_code
+
+
+def _get_min_start_hosts(settings):
+"""),
+    ("horovod/runner/gloo_run.py",
+     # The one line replaces a line per failing worker...
+     "horovodrun --gloo: no line per failing worker",
+     """            if exit_code != 0:
+                print('Process {idx} exit with status code {ec}.'.format(idx=index, ec=exit_code))
+""",
+     """            # horovodrun names the first worker to fail, once (WorkerFailed).
+"""),
+    ("horovod/runner/gloo_run.py",
+     # ... and the line announcing that the others are stopped (they still are).
+     "horovodrun --gloo: the others stopped without a line",
+     """        if exit_code != 0 and terminate_all_event:
+            if not any(ev.is_set() for ev in all_events):
+                print('Terminating remaining workers after failure of Process {idx}.'.format(idx=index))
+            terminate_all_event.set()
+""",
+     """        if exit_code != 0 and terminate_all_event:
+            terminate_all_event.set()
+"""),
+    ("horovod/runner/launch.py",
+     "horovodrun: exits as its first failing worker did (the import)",
+     """from horovod.runner.gloo_run import gloo_run, gloo_run_elastic
+""",
+     """from horovod.runner.gloo_run import WorkerFailed, gloo_run, gloo_run_elastic
+"""),
+    ("horovod/runner/launch.py",
+     "horovodrun: exits as its first failing worker did",
+     """        logging.basicConfig(level=logging.getLevelName(args.log_level))
+
+    _run(args)
+""",
+     """        logging.basicConfig(level=logging.getLevelName(args.log_level))
+
+    try:
+        _run(args)
+    except WorkerFailed as failed:
+        print(failed, file=sys.stderr)
+        sys.exit(failed.exit_code)
+"""),
 ]
 
 

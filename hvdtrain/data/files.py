@@ -26,6 +26,9 @@ from hvdtrain.parallel import collectives
 __all__ = ["count_records", "from_image_folder", "from_tfrecords", "tfrecord_problem"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+# Around each TFRecord's data: its length (8 bytes) and their checksum (4)
+# before it, the data's checksum (4) after it.
+_FRAMING_BYTES = 16
 
 
 def from_tfrecords(pattern, parse, batch_size, *, training, seed=0, deterministic=False,
@@ -67,8 +70,8 @@ def from_tfrecords(pattern, parse, batch_size, *, training, seed=0, deterministi
         return count_records(records.take(1) if first_only else records,
                              lambda record: parse(record, example_seed))
 
-    counts, failure = input_errors.each_file(
-        mine, lambda path: count_records(tf.data.TFRecordDataset(path)))
+    framing, failure = input_errors.each_file(mine, _framing)
+    failure = failure or _cut_inside_a_header(mine, framing)
     if not failure:
         _, failure = input_errors.each_file(mine, lambda path: parsed(path, first_only=True))
     collectives.raise_together(UsageError(tfrecord_problem(*failure)) if failure else None)
@@ -82,9 +85,29 @@ def from_tfrecords(pattern, parse, batch_size, *, training, seed=0, deterministi
         _, found = input_errors.each_file(mine, parsed)
         return found and tfrecord_problem(*found)
 
-    dataset = _pipeline(tf.constant(mine), int(sum(counts)), records, parse, batch_size, training,
+    records_in_files = sum(int(records) for records, _ in framing)
+    dataset = _pipeline(tf.constant(mine), records_in_files, records, parse, batch_size, training,
                         seed, deterministic, cache, every_nth)
     return dataclasses.replace(dataset, explain=explain)
+
+
+def _framing(path):
+    """[records, bytes they take with their framing] in TFRecord file `path`."""
+    lengths = tf.data.TFRecordDataset(path).map(
+        lambda record: tf.cast(tf.strings.length(record), tf.int64))
+    return lengths.reduce(tf.zeros([2], tf.int64),
+                          lambda total, length: total + tf.stack([1, length + _FRAMING_BYTES]))
+
+
+def _cut_inside_a_header(paths, framing):
+    """(path, error) for the first file whose records end before the file
+    does, or None. TensorFlow reads a record cut inside its 12-byte header as
+    the file's end (a record cut further on raises): the bytes left over say
+    it, without reading the file again."""
+    for path, (_, framed) in zip(paths, framing):
+        if tf.io.gfile.stat(path).length != framed:
+            return path, tf.errors.DataLossError(None, None, f"truncated record at {framed}")
+    return None
 
 
 def tfrecord_problem(path, error):

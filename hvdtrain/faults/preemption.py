@@ -17,10 +17,10 @@ No TensorFlow here: the command line checks --preemption_signals, and
 reports a Preempted run, without loading it.
 """
 
-import os
 import signal
 
 from hvdtrain.errors import UsageError
+from hvdtrain.faults import unread_output
 
 __all__ = ["DEFAULT_SIGNALS", "EXIT_STATUS", "Preempted", "handling", "ignore_further",
            "install", "parse_signals", "request", "requested", "uninstall"]
@@ -135,7 +135,7 @@ def _on_signal(number, frame):
 
 
 def _say(text):
-    # os.write, not print or logging: a signal handler may run while the main
-    # thread is inside a buffered write or holds a logging lock. Launchers
-    # prefix the line with the rank.
-    os.write(2, f"hvdtrain: {text}\n".encode())
+    # Not print or logging: a signal handler may run while the main thread is
+    # inside a buffered write or holds a logging lock. Launchers prefix the
+    # line with the rank.
+    unread_output.say(f"hvdtrain: {text}\n")

@@ -25,15 +25,15 @@ from hvdtrain import recipe as recipe_lib
 from hvdtrain.callbacks import ExactEvaluation
 from hvdtrain.config import TrainConfig
 from hvdtrain.data import input_errors
-from hvdtrain.errors import UsageError
+from hvdtrain.errors import TrainingError, UsageError
 from hvdtrain.faults import watchdog
 from hvdtrain.parallel import collectives, sharding
 from hvdtrain.run import compiled_model
 from hvdtrain.state import atomic_files, checkpoint, export, training_state
-from hvdtrain.state.model_dir import DEFAULT_PARENT
+from hvdtrain.state import model_dir as model_dir_lib
 from hvdtrain.tools import run_log
 
-__all__ = ["Evaluation", "VALIDATION", "evaluate"]
+__all__ = ["Evaluation", "VALIDATION", "describe", "evaluate"]
 
 VALIDATION = "validation"   # the split training validates on (Recipe.load_data)
 
@@ -85,7 +85,7 @@ def evaluate(config, split=VALIDATION, checkpoint_name=None, output=None, recipe
             fit the recipe's model, an unknown split, or bad data.
     """
     model_dir = pathlib.Path(config.model_dir
-                             or DEFAULT_PARENT / recipe_lib.get(config.recipe).name)
+                             or model_dir_lib.DEFAULT_PARENT / recipe_lib.get(config.recipe).name)
     runtime.init(config.intra_op_threads, config.inter_op_threads,
                  stall_timeout=config.stall_timeout, verbose_all_ranks=config.verbose_all_ranks)
     try:
@@ -97,9 +97,14 @@ def evaluate(config, split=VALIDATION, checkpoint_name=None, output=None, recipe
 def _evaluate(given, model_dir, split, checkpoint_name, output, recipe_given):
     watchdog.progress("reading the model")
     source, settings, stored, error = None, None, None, None
+    path = None
     if runtime.is_main_process():
         try:
             source, settings, stored = _read(model_dir, checkpoint_name)
+            # Before the evaluation, not after it: the result has a place to go.
+            path = pathlib.Path(output or model_dir
+                                / _output_name(split, checkpoint_name and source))
+            model_dir_lib.check_writable_file(path, "--output")
         except UsageError as e:
             error = e
     collectives.raise_together(error)
@@ -140,12 +145,26 @@ def _evaluate(given, model_dir, split, checkpoint_name, output, recipe_given):
             raise
         raise reason from None
     metrics = {name: float(value) for name, value in metrics.items()}
-    path = pathlib.Path(output or model_dir / _output_name(split, checkpoint_name and source))
+    result = Evaluation(source, split, metrics, data.examples, hvd.size(), path)
+    error = None
     if runtime.is_main_process():
-        atomic_files.write_whole(path, json.dumps(dict(
-            source=str(source), split=split, recipe=config.recipe, examples=data.examples,
-            workers=hvd.size(), batch_size=config.batch_size, metrics=metrics), indent=1) + "\n")
-    return Evaluation(source, split, metrics, data.examples, hvd.size(), path)
+        try:
+            atomic_files.write_whole(path, json.dumps(dict(
+                source=str(source), split=split, recipe=config.recipe, examples=data.examples,
+                workers=hvd.size(), batch_size=config.batch_size, metrics=metrics),
+                indent=1) + "\n")
+        except OSError as e:
+            # Checked at the start, and yet (a full disk): the metrics are not lost.
+            error = TrainingError(f"{describe(result)}; not written to {path}: {e.strerror}")
+    collectives.raise_together(error)
+    return result
+
+
+def describe(result):
+    """An Evaluation in one line: what, on which split, the metrics."""
+    metrics = ", ".join(f"{k} {v:.4f}" for k, v in sorted(result.metrics.items()))
+    return (f"{result.source} on split {result.split} ({result.examples} examples, "
+            f"{result.workers} worker{'s' * (result.workers != 1)}): {metrics}")
 
 
 def _read(model_dir, checkpoint_name):

@@ -75,8 +75,13 @@ def write(run_dir):
                     f"{start.get('workers', '?')} workers: {run_dir}")
     figure.tight_layout()
     path = run_dir / FILE
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
+    try:
+        figure.savefig(path, dpi=100)
+    except OSError as e:
+        raise UsageError(f"cannot write {path} ({e.strerror}); report on a copy of "
+                         f"{run_dir} in a directory you can write to") from None
+    finally:
+        pyplot.close(figure)
     return path
 
 

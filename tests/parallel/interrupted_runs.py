@@ -16,12 +16,13 @@ class Uninterrupted:
     def __init__(self, tmp_path_factory):
         self._tmp_path_factory = tmp_path_factory
         self._runs = {}
+        self.outputs = {}
 
     def __call__(self, controller):
         """The run's model directory under `controller`."""
         if controller not in self._runs:
             model_dir = self._tmp_path_factory.mktemp(f"uninterrupted-{controller}") / "model"
-            ok(horovodrun(["hvdtrain", "train", f"--model_dir={model_dir}", *DIGITS],
-                          controller=controller))
+            self.outputs[controller] = ok(horovodrun(
+                ["hvdtrain", "train", f"--model_dir={model_dir}", *DIGITS], controller=controller))
             self._runs[controller] = model_dir
         return self._runs[controller]

@@ -137,10 +137,11 @@ def test_preemption(outputs):
     assert stop["budget_seconds"] == pytest.approx(
         gloo["step_seconds"] + stop["save_seconds"] + 2)
     assert stop["margin_seconds"] == pytest.approx(stop["budget_seconds"] - stop["exit_seconds"])
-    # Gloo's horovodrun exits 1 once a rank has exited non-zero, and names each such rank.
-    # (Whether each says 200 is the trainer's to test: here the report must say it.)
-    assert stop["horovodrun_status"] == 1 and set(stop["rank_statuses"]) == {"0", "1"}
-    assert stop["ranks_preempted"] == (stop["rank_statuses"] == {"0": 200, "1": 200})
+    # horovodrun names the first rank to exit non-zero, and exits with its status.
+    # (Whether it is 200 is the trainer's to test: here the report must say it.)
+    ((rank, status),) = stop["rank_statuses"].items()
+    assert rank in ("0", "1") and status == stop["horovodrun_status"]
+    assert stop["ranks_preempted"] == (status == 200)
 
 
 def test_step_options(outputs):

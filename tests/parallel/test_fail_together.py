@@ -5,20 +5,28 @@ down, or hvdtrain's watchdog ends the job, naming the hung rank).
 Own launches: one rank exits or hangs while the other runs, and the job's end is the point.
 (--nan_policy=ignore, where every rank trains on: tests/ranked/test_fail_together.py.)"""
 
+import subprocess
+
 import numpy as np
 
 from hvdtrain.state import checkpoint
-from launch import REPO, horovodrun, rank_lines
+from launch import REPO, horovodrun, rank_lines, start_horovodrun
 
 FAULTS = REPO / "tests" / "recipes" / "faults.py"
 
 
+def _args(tmp_path, *flags):
+    return ["hvdtrain", "train", f"--recipe={FAULTS}", f"--model_dir={tmp_path / 'model'}",
+            "--checkpoint_steps=4", *flags]
+
+
+def _fault(fault, **env):
+    return dict(FAULT=fault, FAULT_RANK="1", FAULT_EPOCH="1", FAULT_STEP="5", **env)
+
+
 def _train(tmp_path, controller, fault, *flags, env=None):
-    return horovodrun(["hvdtrain", "train", f"--recipe={FAULTS}",
-                       f"--model_dir={tmp_path / 'model'}", "--checkpoint_steps=4", *flags],
-                      controller=controller, timeout=120,
-                      env=dict(FAULT=fault, FAULT_RANK="1", FAULT_EPOCH="1", FAULT_STEP="5",
-                               **(env or {})))
+    return horovodrun(_args(tmp_path, *flags), controller=controller, timeout=120,
+                      env=_fault(fault, **(env or {})))
 
 
 def _errors(result):
@@ -49,21 +57,31 @@ def test_a_nan_loss_on_one_rank_ends_every_rank_with_its_message(tmp_path, contr
         assert all(np.isfinite(v).all() for v in values if v.dtype.kind == "f")
 
 
-def test_a_hung_worker_ends_the_job(tmp_path, controller):
-    result = _train(tmp_path, controller, "hang", "--stall_timeout=6")
-    assert result.returncode != 0
-    output = result.stdout + result.stderr
-    # hvdtrain's watchdog ends the job, naming the rank whose input hangs...
-    named = any(text.startswith("hvdtrain: error: no progress for 18 s: rank 1 stopped making "
-                                "progress (rank 1 on ") and ": training epoch 2, step 6, idle "
-                in text and "; rank 0 waits for it in a collective" in text
-                for text in _errors_text(result))
-    if controller == "mpi":
-        # ... unless Horovod's stall check shuts down first, naming the rank
-        # that submitted no tensors.
-        assert named or "Missing ranks:" in output and "1!: [" in output, output[-3000:]
-    else:
-        assert named, output[-3000:]
+def test_a_hung_worker_ends_the_job(tmp_path):
+    """Under Gloo and MPI, side by side: most of each run is the wait."""
+    jobs = {}
+    for controller in ("gloo", "mpi"):
+        (tmp_path / controller).mkdir()
+        log = tmp_path / controller / "log"
+        jobs[controller] = log, start_horovodrun(
+            _args(tmp_path / controller, "--stall_timeout=6"), log, controller=controller,
+            env=_fault("hang"))
+    for controller, (log, job) in jobs.items():
+        result = subprocess.CompletedProcess(job.args, job.wait(timeout=120), log.read_text(), "")
+        assert result.returncode != 0
+        output = result.stdout
+        # hvdtrain's watchdog ends the job, naming the rank whose input hangs...
+        named = any(text.startswith("hvdtrain: error: no progress for 18 s: rank 1 stopped "
+                                    "making progress (rank 1 on ")
+                    and ": training epoch 2, step 6, idle " in text
+                    and "; rank 0 waits for it in a collective" in text
+                    for text in _errors_text(result))
+        if controller == "mpi":
+            # ... unless Horovod's stall check shuts down first, naming the rank
+            # that submitted no tensors.
+            assert named or "Missing ranks:" in output and "1!: [" in output, output[-3000:]
+        else:
+            assert named, output[-3000:]
 
 
 def test_a_rank_hung_before_training_is_named_and_ends_the_job(tmp_path):

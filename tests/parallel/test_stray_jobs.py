@@ -7,8 +7,6 @@ import os
 import re
 import signal
 
-import pytest
-
 from hvdtrain.faults import launcher_watch
 from hvdtrain.state import export
 from launch import REPO, horovodrun, rank_lines, rank_pid, start_horovodrun, wait_until
@@ -41,30 +39,38 @@ def _alive(pid):
         return False
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_workers_stop_when_horovodrun_is_killed_under_mpi(tmp_path, sig):
-    model_dir = tmp_path / "model"
-    launcher = start_horovodrun(_args(model_dir), tmp_path / "log", controller="mpi",
-                                env=_paused(tmp_path))
+def test_workers_stop_when_horovodrun_is_killed_under_mpi(tmp_path):
+    """SIGTERM and SIGKILL, each to a job of its own: run side by side, their
+    workers wait out the grace together."""
+    jobs = {}
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        job_dir = tmp_path / sig.name
+        job_dir.mkdir()
+        jobs[sig] = job_dir, start_horovodrun(_args(job_dir / "model"), job_dir / "log",
+                                              controller="mpi", env=_paused(job_dir))
     workers = []
     try:
         # Rank 1 blocked in its input: a launcher killed before that lets the
         # ranks agree on a step to stop at, and the grace goes untested.
-        assert wait_until((tmp_path / "go.waiting").exists, 180, interval=0.5), \
-            (tmp_path / "log").read_text()
-        workers = [rank_pid(rank, str(model_dir)) for rank in (0, 1)]
-        launcher.send_signal(sig)
-        launcher.wait(timeout=30)
+        for job_dir, _ in jobs.values():
+            assert wait_until((job_dir / "go.waiting").exists, 180, interval=0.5), \
+                (job_dir / "log").read_text()
+        for sig, (job_dir, launcher) in jobs.items():
+            workers += [rank_pid(rank, str(job_dir / "model")) for rank in (0, 1)]
+            launcher.send_signal(sig)
+            launcher.wait(timeout=30)
         # Rank 1 is stuck in its input, so the stop the launcher's exit asks
         # for cannot happen at a step: the workers exit after the grace.
         grace = launcher_watch._STOP_GRACE_SECONDS
         assert wait_until(lambda: not any(map(_alive, workers)), grace + 30, interval=0.2), \
-            (tmp_path / "log").read_text()[-3000:]
+            "".join((job_dir / "log").read_text()[-3000:] for job_dir, _ in jobs.values())
     finally:
-        (tmp_path / "go").touch()
+        for job_dir, _ in jobs.values():
+            (job_dir / "go").touch()
         for pid in filter(_alive, workers):
             os.kill(pid, signal.SIGKILL)
-    assert not (model_dir / export.KERAS_FILE).exists()
+    for job_dir, _ in jobs.values():
+        assert not (job_dir / "model" / export.KERAS_FILE).exists()
 
 
 def test_a_second_job_on_a_model_dir_in_use_is_refused(tmp_path):

@@ -151,7 +151,7 @@ def test_a_record_off_the_schema_stops_every_rank_with_one_line(shared_tmp_path,
     assert set(errors) == {0, 1} and len(set(errors.values())) == 1, output[-3000:]
     assert f"{bad} has a record off the schema" in errors[0]
     assert "(found by rank 1)" in errors[0]
-    # horovodrun's "Process N exit with status code 2", of each rank.
+    # Each rank's status, as the command line ends it.
     assert [r.status for r in results] == [2, 2], output[-3000:]
     assert not any("Traceback" in r.output for r in results)
 

@@ -149,6 +149,17 @@ def test_a_truncated_tfrecord_file_is_told_from_a_corrupt_one(tmp_path):
         "TFRecord file FILE is corrupt (not a TFRecord file); replace or remove it")
 
 
+# The last record of part-1 starts at byte 279: its length (8 bytes), their
+# checksum (4), its 15 bytes of data, their checksum (4).
+@pytest.mark.parametrize("end", [279 + 5, 279 + 10, 279 + 20, 279 + 29],
+                         ids=["in the length", "in its checksum", "in the data",
+                              "in the data's checksum"])
+def test_a_tfrecord_file_cut_anywhere_in_its_last_record_is_named(tmp_path, end):
+    assert records_error(tmp_path, lambda content: content[:end]) == (
+        "TFRecord file FILE is truncated (it ends inside the record at byte 279); replace it "
+        "with a complete copy or remove it")
+
+
 def test_tfrecords_off_the_parse_functions_features_are_named_before_training(tmp_path):
     assert records_error(tmp_path, feature="label") == (
         "TFRecord file FILE has a record the recipe's parse function cannot read (Feature: id "

@@ -5,7 +5,7 @@ import pytest
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 from hvdtrain.run import trainer
-from hvdtrain.state.model_dir import check_usable
+from hvdtrain.state.model_dir import check_usable, check_writable_file
 
 
 def test_a_directory_that_can_be_made_passes_and_nothing_is_left_behind(tmp_path):
@@ -32,3 +32,23 @@ def test_the_python_api_checks_it_before_horovod_starts(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(UsageError, match="is a file, not a directory"):
         trainer.train(TrainConfig(model_dir=str(tmp_path / "file")))
+
+
+@pytest.mark.parametrize("where, message", [
+    ("dir", "is a directory; name a file to write, such as {tmp}/dir/evaluation.json"),
+    ("file/out.json", "is under {tmp}/file, a file, not a directory"),
+    ("/proc/evaluation.json", "cannot be written (/proc: "),
+])
+def test_an_output_file_that_cannot_be_written_is_named(tmp_path, where, message):
+    (tmp_path / "file").write_text("")
+    (tmp_path / "dir").mkdir()
+    path = where if where.startswith("/") else tmp_path / where
+    with pytest.raises(UsageError) as error:
+        check_writable_file(path, "--output")
+    assert message.format(tmp=tmp_path) in str(error.value)
+    assert str(error.value).startswith(f"--output={path} ")
+
+
+def test_an_output_file_that_can_be_written_passes_and_nothing_is_left_behind(tmp_path):
+    check_writable_file(tmp_path / "new" / "evaluation.json", "--output")
+    assert list(tmp_path.iterdir()) == []

@@ -25,3 +25,11 @@ def test_bad_run_directories_are_named(tmp_path, content, message):
         (tmp_path / "log.jsonl").write_text(content)
     with pytest.raises(UsageError, match=message):
         report.write(tmp_path)
+
+
+def test_a_report_that_cannot_be_written_is_named(tmp_path):
+    (tmp_path / "log.jsonl").write_text(
+        '{"event": "start"}\n{"event": "epoch", "epoch": 1, "metrics": {"loss": 1}}\n')
+    (tmp_path / report.FILE).mkdir()   # where the plot would go
+    with pytest.raises(UsageError, match=f"cannot write {tmp_path / report.FILE} "):
+        report.write(tmp_path)

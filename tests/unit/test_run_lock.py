@@ -11,7 +11,7 @@ import pytest
 from launch import REPO, environment, run
 
 HOLD = ("import sys, time; import horovod.tensorflow as hvd; hvd.init(); "
-        "from hvdtrain import run_lock; run_lock.acquire(sys.argv[1]); "
+        "from hvdtrain.state import run_lock; run_lock.acquire(sys.argv[1]); "
         "print('owned', flush=True); time.sleep(600)")
 
 
