@@ -16,7 +16,7 @@ from run_checks import all_intact, final_accuracy, ok, weights
 
 WIDE = REPO / "tests" / "recipes" / "wide_digits.py"
 # What each launcher says when a rank dies: horovodrun's Gloo driver, mpirun.
-LOST_RANK = {"gloo": r"Process name: {rank}\nExit code: 137",
+LOST_RANK = {"gloo": r"horovodrun: rank {rank} exited with status 137",
              "mpi": r"process rank {rank} with PID \d+ on node \S+ exited on signal 9"}
 
 
