@@ -14,39 +14,31 @@ def test_a_directory_that_can_be_made_passes_and_nothing_is_left_behind(tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("where, message", [
-    ("file", "is a file, not a directory"),
-    ("file/run", "is under {tmp}/file, a file, not a directory"),
-    ("/proc/hvdtrain-run", "cannot be written (/proc: "),
+@pytest.mark.parametrize("flag, where, message", [
+    ("--model_dir", "file", "is a file, not a directory"),
+    ("--model_dir", "file/run", "is under {tmp}/file, a file, not a directory"),
+    ("--model_dir", "/proc/hvdtrain-run", "cannot be written (/proc: "),
+    ("--output", "dir", "is a directory; name a file to write, such as {tmp}/dir/evaluation.json"),
+    ("--output", "file/out.json", "is under {tmp}/file, a file, not a directory"),
+    ("--output", "/proc/evaluation.json", "cannot be written (/proc: "),
 ])
-def test_an_unusable_model_dir_is_named_with_the_fix(tmp_path, where, message):
+def test_a_place_that_cannot_be_written_is_named_with_the_fix(tmp_path, flag, where, message):
     (tmp_path / "file").write_text("")
+    (tmp_path / "dir").mkdir()
     path = where if where.startswith("/") else tmp_path / where
     with pytest.raises(UsageError) as error:
-        check_usable(path)
+        if flag == "--model_dir":
+            check_usable(path)
+        else:
+            check_writable_file(path, flag)
     assert message.format(tmp=tmp_path) in str(error.value)
-    assert str(error.value).startswith(f"--model_dir={path} ")
+    assert str(error.value).startswith(f"{flag}={path} ")
 
 
 def test_the_python_api_checks_it_before_horovod_starts(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(UsageError, match="is a file, not a directory"):
         trainer.train(TrainConfig(model_dir=str(tmp_path / "file")))
-
-
-@pytest.mark.parametrize("where, message", [
-    ("dir", "is a directory; name a file to write, such as {tmp}/dir/evaluation.json"),
-    ("file/out.json", "is under {tmp}/file, a file, not a directory"),
-    ("/proc/evaluation.json", "cannot be written (/proc: "),
-])
-def test_an_output_file_that_cannot_be_written_is_named(tmp_path, where, message):
-    (tmp_path / "file").write_text("")
-    (tmp_path / "dir").mkdir()
-    path = where if where.startswith("/") else tmp_path / where
-    with pytest.raises(UsageError) as error:
-        check_writable_file(path, "--output")
-    assert message.format(tmp=tmp_path) in str(error.value)
-    assert str(error.value).startswith(f"--output={path} ")
 
 
 def test_an_output_file_that_can_be_written_passes_and_nothing_is_left_behind(tmp_path):
