@@ -197,9 +197,6 @@ def _evaluate():
     from hvdtrain import runtime
     from hvdtrain.run import evaluator
 
-    if FLAGS.output:
-        # Here too, before TensorFlow starts, where it is the same on every rank.
-        model_dir.check_writable_file(FLAGS.output, "--output")
     result = evaluator.evaluate(config, FLAGS.split, FLAGS.checkpoint or None,
                                 FLAGS.output or None, recipe_given=FLAGS["recipe"].present)
     if runtime.is_main_process():

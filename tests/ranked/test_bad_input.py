@@ -41,10 +41,12 @@ EVALUATE_BAD_INPUT = {
                        "--split=tst"],
                       "recipe digits_cnn has no split 'tst'; choose one of validation, train"),
     # Refused before evaluating, so that no result is lost for want of a place.
-    "--output is a directory": (["--model_dir={root}/digits_cnn", "--output={root}"],
+    "--output is a directory": (["--model_dir={root}/digits_cnn",
+                                 "--checkpoint=epoch-0001-step-000010", "--output={root}"],
                                 "--output={root} is a directory; name a file to write, such as "
                                 "{root}/evaluation.json"),
     "--output cannot be written": (["--model_dir={root}/digits_cnn",
+                                    "--checkpoint=epoch-0001-step-000010",
                                     "--output=/proc/evaluation.json"],
                                    "--output=/proc/evaluation.json cannot be written (/proc: "),
 }
