@@ -8,12 +8,12 @@
 #   source docker/resumable.sh; resumable horovodrun ... || status=$?
 #
 # SIGTERM, SIGINT or SIGUSR1 goes on as
-# - SIGUSR1 to mpirun under `horovodrun --mpi`, which replaces itself with
-#   `sh -c "mpirun ..."` (mpirun itself if that shell execs it): mpirun
-#   passes SIGUSR1 to every rank on every host and exits with their status.
+# - SIGUSR1 to mpirun under `horovodrun --mpi` (its child; Horovod as
+#   released replaces itself with `sh -c "mpirun ..."`): mpirun passes
+#   SIGUSR1 to every rank on every host and exits with their status.
 #   Not SIGTERM: mpirun kills the ranks 1 s after it.
 # - SIGTERM to the launcher otherwise: `horovodrun --gloo` passes it to
-#   every worker (and kills them 5 s later); a lone `hvdtrain train` takes
+#   every worker (and kills them 30 s later); a lone `hvdtrain train` takes
 #   it itself; `horovodrun --mpi` still starting, before any rank, dies.
 # A second signal is only logged: the ranks are stopping already.
 

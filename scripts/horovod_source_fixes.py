@@ -191,6 +191,15 @@ def _get_min_start_hosts(settings):
      """        if exit_code != 0 and terminate_all_event:
             terminate_all_event.set()
 """),
+    ("horovod/runner/common/util/safe_shell_exec.py",
+     # When horovodrun --gloo dies (SIGKILL, SIGHUP, a preemption's SIGUSR1)
+     # or stops the others after a failure, each rank's middleman sends it
+     # SIGTERM and then SIGKILL 5 s later: too short for a stop that
+     # finishes its step and writes a checkpoint of a model of any size.
+     # 30 s, as under MPI (hvdtrain.faults.launcher_watch).
+     "horovodrun --gloo: 30 s from SIGTERM to SIGKILL, for a stop's checkpoint",
+     "GRACEFUL_TERMINATION_TIME_S = 5\n",
+     "GRACEFUL_TERMINATION_TIME_S = 30\n"),
     ("horovod/runner/launch.py",
      "horovodrun: exits as its first failing worker did (the import)",
      """from horovod.runner.gloo_run import gloo_run, gloo_run_elastic
@@ -210,6 +219,79 @@ def _get_min_start_hosts(settings):
     except WorkerFailed as failed:
         print(failed, file=sys.stderr)
         sys.exit(failed.exit_code)
+"""),
+    ("horovod/runner/mpi_run.py",
+     "horovodrun --mpi: the first failing worker, in one line and its status (the imports)",
+     """import copy
+import os
+import sys
+""",
+     """import copy
+import os
+import re
+import signal
+import subprocess
+import sys
+"""),
+    ("horovod/runner/mpi_run.py",
+     # horovodrun --mpi replaced itself with `sh -c mpirun ...`, so Open MPI
+     # told a worker's failure in two blocks of ten framed lines, and a
+     # SIGUSR1 meant for the workers (a preemption) killed the shell. Now
+     # horovodrun stays mpirun's parent: it passes SIGUSR1/SIGUSR2 on as
+     # mpirun does, dies of SIGTERM, SIGINT and SIGHUP as the shell did (its
+     # workers see their launcher gone), and turns Open MPI's report of the
+     # first failing worker into the one line horovodrun --gloo prints.
+     "horovodrun --mpi: the first failing worker, in one line and its status",
+     """    else:
+        os.execve('/bin/sh', ['/bin/sh', '-c', mpirun_command], env)
+""",
+     """    else:
+        _supervise(mpirun_command, env)
+
+
+# Open MPI's report of the first worker to fail, in blocks framed by dashes
+# on mpirun's stderr (the workers' own lines carry --tag-output's prefix).
+_FIRST_FAILURE = [
+    (re.compile(r'Process name: \\[\\[\\d+,\\d+\\],(\\d+)\\]\\s+Exit code:\\s+(\\d+)'), 0),
+    (re.compile(r'process rank (\\d+) with PID \\d+ on node \\S+ exited on signal (\\d+)'), 128),
+]
+_ABORTED = 'Primary job  terminated normally, but'
+
+
+def _supervise(mpirun_command, env):
+    from horovod.runner.gloo_run import WorkerFailed
+
+    mpirun = subprocess.Popen(['/bin/sh', '-c', 'exec ' + mpirun_command], env=env,
+                              stderr=subprocess.PIPE)
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            signal.signal(sig, lambda signum, _: mpirun.send_signal(signum))
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)   # as the shell: no traceback
+    first_failure, block = None, None
+    for line in iter(mpirun.stderr.readline, b''):
+        if block is None and not line.startswith(b'-----'):
+            sys.stderr.buffer.write(line)
+            sys.stderr.flush()
+            continue
+        block = (block or []) + [line]
+        if len(block) == 1 or not line.startswith(b'-----'):
+            continue
+        text, block = b''.join(block).decode(errors='replace'), None
+        found = [(int(m.group(1)), base + int(m.group(2)))
+                 for pattern, base in _FIRST_FAILURE for m in [pattern.search(text)] if m]
+        if found:
+            first_failure = first_failure or found[0]
+        elif _ABORTED not in text:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+    if block:
+        sys.stderr.buffer.write(b''.join(block))
+    exit_code = mpirun.wait()
+    if first_failure and exit_code:
+        raise WorkerFailed(*first_failure)
+    if exit_code:
+        sys.exit(exit_code if exit_code > 0 else 128 - exit_code)
 """),
 ]
 

@@ -1,13 +1,14 @@
 """Ends a worker whose launcher is gone.
 
-`horovodrun --mpi` replaces itself with `/bin/sh -c "mpirun ..."`: killing
-horovodrun (SIGTERM or SIGKILL) kills that shell only, and mpirun and its
-workers, no longer supervised by anyone, would train on to the end and keep
-writing the model directory. So a worker watches the processes that launched
-it: its parent (mpirun, or on other hosts MPI's daemon, which exits with
-mpirun; horovodrun's shell under Gloo), the MPI processes above that (MPICH's
-proxy runs under mpiexec), and the `sh -c` that runs the topmost of them
-(horovodrun's, or a wrapper script's).
+Killing `horovodrun --mpi` (SIGTERM, SIGHUP, SIGKILL) kills it only: it
+runs mpirun as its child (Horovod's own replaces itself with `/bin/sh -c
+"mpirun ..."`, whose death is the same), and mpirun and its workers, no
+longer supervised by anyone, would train on to the end and keep writing the
+model directory. So a worker watches the processes that launched it: its
+parent (mpirun, or on other hosts MPI's daemon, which exits with mpirun;
+horovodrun's shell under Gloo), the MPI processes above that (MPICH's proxy
+runs under mpiexec), and the horovodrun or `sh -c` that runs the topmost of
+them (a wrapper script's shell too).
 When one of them is gone (the worker or the launcher was re-parented), the
 worker exits non-zero within a second; mpirun then stops the job's other
 workers, on every host. A run that stops cleanly on a signal
@@ -49,7 +50,7 @@ def start(rank):
 
 def launch_chain(pid):
     """[(process, its parent)] to watch for `pid`: its parent, the MPI
-    processes above it and the `sh -c` that runs the topmost."""
+    processes above it and the horovodrun or `sh -c` that runs the topmost."""
     parent = _parent(pid)
     if parent is None or parent <= 1:
         return []
@@ -57,7 +58,7 @@ def launch_chain(pid):
     while _name(parent) in _MPI_PROCESSES:
         above = _parent(parent)
         if not above or above <= 1 or not (_name(above) in _MPI_PROCESSES
-                                            or _is_sh_c(_argv(above))):
+                                            or _is_launcher(_argv(above))):
             break
         chain.append((parent, above))
         parent = above
@@ -113,5 +114,8 @@ def _name(pid):
     return os.path.basename(argv[0]) if argv else None
 
 
-def _is_sh_c(argv):
-    return len(argv) > 2 and os.path.basename(argv[0]) in ("sh", "bash", "dash") and argv[1] == "-c"
+def _is_launcher(argv):
+    """horovodrun (a Python script) or a shell's `-c` command."""
+    names = [os.path.basename(arg) for arg in argv[:2]]
+    return "horovodrun" in names or (
+        len(argv) > 2 and names[0] in ("sh", "bash", "dash") and argv[1] == "-c")

@@ -26,7 +26,7 @@ from harness.reports import from_json
 from harness.fixtures import SESSION_DIR
 from harness.rank_plugin import RESULTS, timeout_note
 
-__all__ = ["Dispatcher"]
+__all__ = ["CompleteLines", "Dispatcher"]
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RANK_MAIN = pathlib.Path(__file__).with_name("rank_main.py")
@@ -46,6 +46,24 @@ def _tail(path):
         return ""
 
 
+class CompleteLines:
+    """The lines another process appends to a file, each once it is whole:
+    a long line reaches the file in several writes, and a read can fall
+    between them."""
+
+    def __init__(self, path):
+        path.touch()
+        self._file = open(path)
+        self._unfinished = ""
+
+    def new(self):
+        *lines, self._unfinished = (self._unfinished + self._file.read()).split("\n")
+        return lines
+
+    def close(self):
+        self._file.close()
+
+
 class _Run:
     """One horovodrun over `items` (a launch's remaining cases)."""
 
@@ -63,18 +81,14 @@ class _Run:
                  f"--{launch.controller}", sys.executable, str(RANK_MAIN), str(self.workdir)],
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.started_at = time.monotonic()
-        self.results = open(self.workdir / RESULTS, "a+")
-        self.results.seek(0)
+        self.results = CompleteLines(self.workdir / RESULTS)
         self.reports = {}        # nodeid -> [reports]
         self.started = {}        # nodeid -> when rank 0 started it (monotonic)
         self.finished = False
         self.returncode = None
 
     def _read(self, config):
-        for line in self.results:   # complete lines only: rank 0 flushes whole lines
-            if not line.endswith("\n"):
-                self.results.seek(self.results.tell() - len(line))
-                return
+        for line in self.results.new():
             event = json.loads(line)
             if event["event"] == "start":
                 self.started[event["nodeid"]] = time.monotonic()

@@ -5,6 +5,7 @@ down, or hvdtrain's watchdog ends the job, naming the hung rank).
 Own launches: one rank exits or hangs while the other runs, and the job's end is the point.
 (--nan_policy=ignore, where every rank trains on: tests/ranked/test_fail_together.py.)"""
 
+import re
 import subprocess
 
 import numpy as np
@@ -40,7 +41,10 @@ def _errors_text(result):
 
 def test_a_nan_loss_on_one_rank_ends_every_rank_with_its_message(tmp_path, controller):
     result = _train(tmp_path, controller, "nan")
-    assert result.returncode != 0
+    # A failure: status 1 from horovodrun, after its line naming the first rank to fail.
+    assert result.returncode == 1, (result.stdout + result.stderr)[-3000:]
+    assert re.search(r"^horovodrun: rank [01] exited with status 1$", result.stderr, re.M), \
+        result.stderr[-3000:]
     errors = _errors(result)
     # Rank 1's loss is NaN at the 6th step of the 2nd epoch; rank 0's a step
     # later (the averaged gradients carried the NaN), unless stopped first.

@@ -8,10 +8,12 @@ Own launches: signals to ranks and launchers, which end their jobs."""
 import os
 import re
 import signal
+import time
 
 import numpy as np
 import pytest
 
+from hvdtrain.faults import launcher_watch
 from hvdtrain.faults.preemption import EXIT_STATUS
 from hvdtrain.state import checkpoint
 from launch import (REPO, horovodrun, rank_lines, rank_pid, run, start_horovodrun, wait_until,
@@ -114,75 +116,73 @@ def test_sigusr1_to_rank_0_stops_every_rank_and_resumes_on_another_number_of_wor
     assert f"going on after epoch {epoch}, step {2 * step} of 179" in resumed
 
 
-@pytest.mark.parametrize("controller,sig", [("gloo", signal.SIGTERM), ("mpi", signal.SIGTERM),
-                                            ("mpi", signal.SIGUSR1)])
-def test_a_signal_to_the_launcher_stops_every_rank_with_a_checkpoint(tmp_path, controller, sig):
-    """horovodrun --gloo passes SIGTERM on to every rank; horovodrun --mpi is
-    a shell that dies of it, and its ranks take their launcher's exit as a
-    stop request; mpirun itself passes SIGUSR1 on."""
-    model_dir = tmp_path / "model"
-    job, log = _start(tmp_path, [f"--model_dir={model_dir}", *DIGITS], controller)
-    assert wait_until((model_dir / "checkpoints" / IN_THE_SECOND_EPOCH).exists, 180), \
-        log.read_text()[-3000:]
-    target = job.pid
-    if sig == signal.SIGUSR1:
-        target = _mpirun(job.pid)
-    os.kill(target, sig)
-    job.wait(timeout=120)
-    # Whatever the launcher's own status, every rank stops with a checkpoint.
-    assert wait_until(lambda: not _running(str(model_dir)), 120)
-    output = log.read_text()
-    stopped = _stopped(output)
-    _checkpointed_position(model_dir, stopped)
-    if controller == "gloo":
-        # horovodrun --gloo then reports the deaths of the shells it runs the
-        # ranks in (it signals their whole process groups), not the ranks' own.
-        assert all(reason == "SIGTERM" for reason, *_ in stopped.values()), stopped
-    elif sig == signal.SIGUSR1:
-        assert job.returncode == EXIT_STATUS
-    else:
-        assert all(re.fullmatch(r"launcher pid \d+ gone", reason)
-                   for reason, *_ in stopped.values()), stopped
+# Every signal that ends a launcher: a scheduler's (SIGTERM), a closed
+# terminal or ssh session (SIGHUP), a preemption notice (SIGUSR1), Ctrl-C
+# sent to the launcher alone (SIGINT), and one that cannot be caught (SIGKILL).
+LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGINT, signal.SIGKILL)
+LAUNCHERS_LIVING = {"gloo": {signal.SIGTERM, signal.SIGINT}, "mpi": {signal.SIGUSR1}}
 
 
-def test_a_killed_gloo_launcher_leaves_a_checkpoint_of_the_step_the_ranks_stopped_at(
-        tmp_path, uninterrupted):
-    """SIGKILL to horovodrun --gloo: Horovod's per-rank middlemen send the
-    ranks SIGTERM, and the ranks' output pipes are closed, so their progress
-    bars and messages write into nothing: that must not end them before the
-    stop's checkpoint. Checkpoints only at epochs' ends here, so a newest one
-    inside an epoch is the stop's; resuming from it ends where an
-    uninterrupted run does."""
-    model_dir = tmp_path / "model"
-    flags = [f"--model_dir={model_dir}", *DIGITS]
-    job, log = _start(tmp_path, [*flags, "--checkpoint_steps=0"])
-    assert wait_until(lambda: checkpoint.listed(model_dir / "checkpoints"), 180), \
-        log.read_text()[-3000:]
-    job.kill()
-    job.wait(timeout=60)
-    assert wait_until(lambda: not _running(str(model_dir)), 60)
-    all_intact(model_dir)
-    newest, _ = checkpoint.read(checkpoint.listed(model_dir / "checkpoints")[0])
-    assert (newest.position.epoch, newest.position.step != 0) == (1, True), newest.position
-
-    ok(horovodrun(["hvdtrain", "train", *flags, "--resume"]))
-    for a, b in zip(weights(uninterrupted("gloo")), weights(model_dir), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-
-
-def _mpirun(shell):
-    """horovodrun --mpi's mpirun: the shell's child, or the shell itself once it exec'd."""
-    for proc in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{proc}/stat") as stat:
-                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{proc}/cmdline", "rb") as cmdline:
-                name = os.path.basename(cmdline.read().split(b"\0")[0].decode())
-        except (OSError, ValueError, IndexError):
-            continue
-        if parent == shell and name == "mpirun":
-            return int(proc)
-    return shell
+def test_a_launcher_ended_by_any_signal_stops_every_rank_with_a_checkpoint_to_resume_exactly(
+        tmp_path, controller):
+    """Each signal to horovodrun alone, in a job of its own (run side by
+    side): rank 1 waits in its input in the second epoch until the signal is
+    sent. Under Gloo, Horovod's per-rank middlemen pass SIGTERM on to the
+    ranks whose launcher died, and the ranks' output pipes are closed; under
+    MPI, horovodrun passes SIGUSR1 on through mpirun, and the ranks take
+    their launcher's death as a stop request for the other signals. Every
+    rank stops after the same step and the checkpoint of it resumes to the
+    weights of an uninterrupted run."""
+    flags = [f"--recipe={FAULTS}", "--epochs=2", "--checkpoint_steps=0", "--deterministic"]
+    reference = tmp_path / "reference"
+    ok(horovodrun(["hvdtrain", "train", *flags, f"--model_dir={reference}"],
+                  controller=controller))
+    jobs = {}
+    for sig in LAUNCHER_SIGNALS:
+        job_dir = tmp_path / sig.name
+        job_dir.mkdir()
+        env = dict(FAULT="pause", FAULT_RANK="1", FAULT_EPOCH="1", FAULT_STEP="5",
+                   FAULT_RESUME=str(job_dir / "go"))
+        jobs[sig] = job_dir, *_start(job_dir, [*flags, f"--model_dir={job_dir / 'model'}"],
+                                     controller, env=env)
+    for sig, (job_dir, launcher, log) in jobs.items():
+        assert wait_until((job_dir / "go.waiting").exists, 240, interval=0.2), \
+            log.read_text()[-3000:]
+    for sig, (_, launcher, _) in jobs.items():
+        launcher.send_signal(sig)
+    # Ranks that see their launcher gone look once a second: an epoch of
+    # this model can end sooner than that.
+    time.sleep(3 * launcher_watch._CHECK_SECONDS)
+    for job_dir, *_ in jobs.values():
+        (job_dir / "go").touch()
+    for sig, (job_dir, launcher, log) in jobs.items():
+        launcher.wait(timeout=120)
+        assert wait_until(lambda: not _running(str(job_dir / "model")), 120), sig
+        output = log.read_text()
+        assert "Traceback" not in output, (sig, output[-3000:])
+        # The stop's checkpoint: the newest, inside the second epoch, past the pause.
+        all_intact(job_dir / "model")
+        newest, _ = checkpoint.read(checkpoint.listed(job_dir / "model" / "checkpoints")[0])
+        assert newest.position.shown[0] == 2 and 5 < newest.position.shown[1] < 32, \
+            (sig, newest.position, output[-3000:])
+        if launcher.returncode == EXIT_STATUS:
+            # A launcher that lived to tell: every rank's stop, and the status.
+            _checkpointed_position(job_dir / "model", _stopped(output))
+            assert re.search(r"^horovodrun: rank \d exited with status 200$", output, re.M)
+    # Which launchers live to end as their ranks did: horovodrun --gloo passes
+    # SIGTERM and SIGINT on to the ranks, mpirun SIGUSR1; the others die of it.
+    assert {sig for sig, (_, launcher, _) in jobs.items()
+            if launcher.returncode == EXIT_STATUS} == LAUNCHERS_LIVING[controller], \
+        {sig.name: launcher.returncode for sig, (_, launcher, _) in jobs.items()}
+    resumes = {sig: start_horovodrun(["hvdtrain", "train", *flags, "--resume",
+                                      f"--model_dir={job_dir / 'model'}"],
+                                     job_dir / "resume.log", controller=controller)
+               for sig, (job_dir, *_) in jobs.items()}
+    for sig, resume in resumes.items():
+        job_dir = jobs[sig][0]
+        assert resume.wait(timeout=240) == 0, (job_dir / "resume.log").read_text()[-3000:]
+        for a, b in zip(weights(reference), weights(job_dir / "model"), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=sig.name)
 
 
 def _running(marker):

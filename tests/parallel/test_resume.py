@@ -15,9 +15,8 @@ from parallel.interrupted_runs import DIGITS
 from run_checks import all_intact, final_accuracy, ok, weights
 
 WIDE = REPO / "tests" / "recipes" / "wide_digits.py"
-# What each launcher says when a rank dies: horovodrun's Gloo driver, mpirun.
-LOST_RANK = {"gloo": r"horovodrun: rank {rank} exited with status 137",
-             "mpi": r"process rank {rank} with PID \d+ on node \S+ exited on signal 9"}
+# What horovodrun says when a rank dies of SIGKILL, under either controller.
+LOST_RANK = "horovodrun: rank {rank} exited with status 137"
 
 
 def _train(model_dir, *flags, controller="gloo"):
@@ -45,8 +44,9 @@ def test_killed_worker_ends_the_job_and_resuming_matches_an_uninterrupted_run(
     returncode, output = _kill_when(
         job, log, str(interrupted), 1,
         lambda: (interrupted / "checkpoints" / "epoch-0002-step-000011").exists())
-    assert returncode != 0
-    assert re.search(LOST_RANK[controller].format(rank=1), output), output[-3000:]
+    # horovodrun ends as the first rank to fail did, as the shell reports a SIGKILL.
+    assert returncode == 137, output[-3000:]
+    assert LOST_RANK.format(rank=1) in output, output[-3000:]
     assert "epoch-0002-step-000011" in all_intact(interrupted)
     assert not (interrupted / "model.keras").exists()
 
@@ -71,7 +71,7 @@ def test_rank0_killed_while_writing_a_checkpoint_leaves_every_checkpoint_whole(t
 
     returncode, output = _kill_when(job, log, str(model_dir), 0, saving_after_the_first)
     assert returncode != 0
-    assert re.search(LOST_RANK["gloo"].format(rank=0), output), output[-3000:]
+    assert LOST_RANK.format(rank=0) in output, output[-3000:]
     left = [p.name for p in (model_dir / "checkpoints").iterdir()]
     assert any(name.startswith(".tmp-") for name in left)   # the save the kill cut short
     assert len(all_intact(model_dir)) >= 1

@@ -1,6 +1,6 @@
 """Jobs that must not run unsupervised or side by side: workers whose
-launcher was killed stop (under MPI too, where horovodrun becomes a shell
-running mpirun), and a second job on a --model_dir in use is refused.
+launcher was killed stop (under MPI too, where mpirun outlives horovodrun),
+and a second job on a --model_dir in use is refused.
 Own launches: launchers killed, and two jobs at once."""
 
 import os
