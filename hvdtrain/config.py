@@ -2,7 +2,9 @@
 checked as a whole before any process starts working."""
 
 import dataclasses
+import hashlib
 import math
+import pathlib
 import typing
 from collections.abc import Callable
 
@@ -250,6 +252,40 @@ class TrainConfig:
             raise UsageError(f"unknown setting(s) {', '.join(sorted(unknown))}")
         return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})
 
+    def recorded(self):
+        """The settings as checkpoints and the run log keep them: every
+        field, and what a recipe file holds (`recipe_digest`), by which a
+        run is the same recipe's after the file moved."""
+        return dict(dataclasses.asdict(self), recipe_digest=_recipe_digest(self.recipe))
+
+    def same_recipe(self, recorded):
+        """Whether the settings `recorded()` kept are of a run of this
+        recipe: the same name or file, or a file of the same content."""
+        digest = recorded.get("recipe_digest")
+        return recorded.get("recipe") == self.recipe or (
+            digest is not None and digest == _recipe_digest(self.recipe))
+
+    def check_sharded_tables(self):
+        """Refuses the settings that tables sharded across workers cannot
+        follow (their sparse updates' rules, XLA) before any model is made:
+        for the check of a recipe whose settings shard its tables.
+
+        Raises:
+            UsageError: Naming the setting and the way out.
+        """
+        # Here, not at the top: the flags are checked before TensorFlow loads.
+        from hvdtrain.parallel import sharding
+        from hvdtrain.parallel.embedding import sparse_updates
+
+        if self.jit_compile:
+            raise UsageError(sharding.NO_XLA)
+        sparse_updates.refuse(sparse_updates.problem(
+            OPTIMIZERS[self.optimizer].keras_class,
+            loss_scaling=self.precision == "mixed_float16",
+            momentum=self.momentum if self.optimizer == "sgd" else 0,
+            clipping_by_norm=self.clipnorm is not None or self.global_clipnorm is not None,
+            ema=self.ema_momentum is not None, accumulating=self.backward_passes_per_step > 1))
+
     def validate(self):
         """Checks the settings as a whole: numbers in their ranges, names among
         their choices, settings that apply to the optimizer and the metric
@@ -311,6 +347,17 @@ class TrainConfig:
         if watching and not self.best_metric:
             raise UsageError(f"--{watching[0]} watches --best_metric, which is empty; set it "
                              "(e.g. --best_metric=val_loss)")
+
+
+def _recipe_digest(recipe):
+    """The SHA-256 of a recipe file's content; None for a recipe's name, or
+    a file that cannot be read."""
+    if not recipe.endswith(".py"):
+        return None
+    try:
+        return hashlib.sha256(pathlib.Path(recipe).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def _step_window(name, text):

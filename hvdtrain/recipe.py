@@ -19,7 +19,7 @@ from hvdtrain.config import Range, TrainConfig
 from hvdtrain.errors import UsageError
 
 __all__ = ["Option", "Recipe", "Splits", "available", "check_name", "describe_options", "get",
-           "make_config", "parse_options"]
+           "make_config", "parse_options", "spelled"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +76,10 @@ class Recipe:
             `hvdtrain evaluate --split=NAME` reads besides "validation"
             (`load_data`'s), each in evaluation order: every example once,
             not augmented.
+        check: `(config) -> None`, the recipe's own check of the settings
+            (its options' formats and how they go together, settings its
+            model cannot follow), raising `UsageError`: `make_config` runs
+            it, so a bad one is refused before any work, by `--dry_run` too.
     """
     name: str
     build_model: Callable[..., Any]
@@ -86,6 +90,42 @@ class Recipe:
     options: dict = dataclasses.field(default_factory=dict)
     unit: str = "examples"
     evaluation_splits: dict = dataclasses.field(default_factory=dict)
+    check: Callable[..., None] | None = None
+
+    def make_model(self, config):
+        """`build_model(config)`, checked to be a Keras model.
+
+        Raises:
+            UsageError: Naming what `build_model` returned instead.
+        """
+        import keras
+
+        model = self.build_model(config)
+        if not isinstance(model, keras.Model):
+            raise UsageError(f"recipe {self.name}: build_model returned {_kind(model)}, not a "
+                             "keras.Model; return the model it builds")
+        return model
+
+    def make_splits(self, config):
+        """`load_data(config)`, checked to be `Splits` of sharded datasets.
+
+        Raises:
+            UsageError: Naming what `load_data` returned instead.
+        """
+        from hvdtrain.data import ShardedDataset
+
+        splits = self.load_data(config)
+        expected = ("hvdtrain.recipe.Splits(train=..., validation=...) of "
+                    "hvdtrain.data datasets (from_arrays, from_tfrecords, ...)")
+        if not isinstance(splits, Splits):
+            raise UsageError(f"recipe {self.name}: load_data returned {_kind(splits)}, not "
+                             f"{expected}")
+        for name, split in (("train", splits.train), ("validation", splits.validation)):
+            if not isinstance(split, ShardedDataset) and not (name == "validation"
+                                                              and split is None):
+                raise UsageError(f"recipe {self.name}: load_data's {name} split is "
+                                 f"{_kind(split)}, not a ShardedDataset; return {expected}")
+        return splits
 
 
 def available():
@@ -133,6 +173,12 @@ def get(name):
     return module.RECIPE
 
 
+def spelled(name):
+    """`name` as settings keep it: a recipe's name as is, a recipe file's
+    path absolute and resolved (one file, one spelling)."""
+    return str(pathlib.Path(name).resolve()) if name.endswith(".py") else name
+
+
 def make_config(name, options=(), **overrides):
     """The settings of a run of recipe `name`.
 
@@ -147,14 +193,27 @@ def make_config(name, options=(), **overrides):
         A `TrainConfig`.
 
     Raises:
-        UsageError: If there is no such recipe, or an option is unknown or
-            has a bad value.
+        UsageError: If there is no such recipe, an option is unknown or has
+            a bad value, a default of the recipe's that applies is bad (named
+            as the recipe's), or the settings do not go together.
     """
     recipe = get(name)
     values = {key: option.default for key, option in recipe.options.items()}
     values.update(parse_options(recipe, options))
-    return TrainConfig(recipe=name, options=values).override(
-        **recipe.defaults).override(**overrides)
+    # The recipe's defaults that apply, checked as such: a bad one is the
+    # recipe's to fix, not a flag the user never gave.
+    applied = {key: value for key, value in recipe.defaults.items()
+               if overrides.get(key) is None}
+    try:
+        defaults = TrainConfig(recipe=spelled(name), options=values).override(**applied)
+        defaults.validate()
+    except UsageError as e:
+        raise UsageError(f"recipe {recipe.name} has a bad default ({e}); fix its "
+                         "Recipe(defaults=...), or set that flag") from None
+    config = defaults.override(**overrides).validate()
+    if recipe.check is not None:
+        recipe.check(config)
+    return config
 
 
 def parse_options(recipe, options):
@@ -183,6 +242,10 @@ def describe_options(recipe):
     """The recipe's options for --help: one line each."""
     return "\n".join(f"  --option={key}={option.default}: {option.help}"
                      for key, option in recipe.options.items())
+
+
+def _kind(value):
+    return "None" if value is None else f"a {type(value).__name__}"
 
 
 def _split_option(text):

@@ -159,14 +159,23 @@ class ClickAccuracy(keras.metrics.BinaryAccuracy):
         super().__init__(name=name, threshold=threshold, **kwargs)
 
 
+def check(config):
+    """The options' formats, the table's size for the crosses, and the
+    settings that sharded tables cannot follow."""
+    options = config.options
+    rows, crosses = options["table_rows"], parse_crosses(options["crosses"])
+    parse_units(options["hidden_units"])
+    if rows < CATEGORICAL_FEATURES + len(crosses):
+        raise UsageError(f"--option=table_rows={rows} must be at least one row per feature "
+                         f"and cross ({CATEGORICAL_FEATURES + len(crosses)})")
+    if options["embeddings"] == "sharded":
+        config.check_sharded_tables()
+
+
 def build_model(config):
     options = config.options
     rows, crosses = options["table_rows"], parse_crosses(options["crosses"])
     hidden_units = parse_units(options["hidden_units"])
-    if rows < CATEGORICAL_FEATURES + len(crosses) or options["embedding_dim"] < 1:
-        raise UsageError(f"--option=table_rows={rows} must be at least one row per feature "
-                         f"and cross ({CATEGORICAL_FEATURES + len(crosses)}) and "
-                         "--option=embedding_dim positive")
     layers, ops = keras.layers, keras.ops
     dense = keras.Input((DENSE_FEATURES,), name="dense")
     categorical = keras.Input((CATEGORICAL_FEATURES,), dtype="int64", name="categorical")
@@ -216,8 +225,6 @@ def load_data(config):
     if config.data_dir:
         return _tfrecord_splits(config)
     examples = config.options["synthetic_examples"]
-    if examples < 1:
-        raise UsageError(f"--option=synthetic_examples={examples} must be positive")
     features, labels = synthetic_click_log(examples + examples // 10, config.seed)
     train = ({k: v[:examples] for k, v in features.items()}, labels[:examples])
     validation = ({k: v[examples:] for k, v in features.items()}, labels[examples:])
@@ -340,6 +347,7 @@ RECIPE = Recipe(
         "eval_pattern": Option("eval-*.tfrecord", "validation files in --data_dir"),
     },
     unit="examples",
+    check=check,
 )
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ class RunLog(keras.callbacks.Callback):
             self.path.unlink(missing_ok=True)
         self._write(event="start", time=_now(), workers=runtime.size(),
                     start=dict(epoch=self.start[0], step=self.start[1]),
-                    config=dataclasses.asdict(self.config),
+                    config=self.config.recorded(),
                     versions=dict(python=platform.python_version(), tensorflow=tf.__version__,
                                   keras=keras.__version__, horovod=horovod.__version__))
 

@@ -21,8 +21,13 @@ import horovod.tensorflow as hvd
 import keras
 import numpy as np
 
-__all__ = ["Placement", "gather", "has_shards", "is_sharded", "logical_shape", "mark", "placement_of",
-           "scatter"]
+__all__ = ["NO_XLA", "Placement", "gather", "has_shards", "is_sharded", "logical_shape", "mark",
+           "placement_of", "scatter"]
+
+# Why a model with sharded variables is not compiled with XLA.
+NO_XLA = ("tables sharded across workers (ShardedEmbedding) exchange rows inside the forward "
+          "pass, which XLA cannot hold (Horovod's collectives have no XLA kernels); leave "
+          "--jit_compile off")
 
 _ATTRIBUTE = "_hvdtrain_placement"
 

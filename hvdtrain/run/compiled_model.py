@@ -7,11 +7,55 @@ import horovod.tensorflow as hvd
 import keras
 
 from hvdtrain.config import CLIPPING, OPTIMIZERS
+from hvdtrain.errors import UsageError
+from hvdtrain.parallel import collectives, sharding
 from hvdtrain.parallel.data.compression import Compression
 from hvdtrain.parallel.data.optimizer import DistributedOptimizer
 from hvdtrain.run import xla
 
-__all__ = ["compile_model", "keras_optimizer"]
+__all__ = ["build", "compile_model", "keras_optimizer"]
+
+
+def build(recipe, config):
+    """The recipe's model for `config`, compiled (`compile_model`). Call it
+    on every rank.
+
+    Raises:
+        UsageError: On every rank, if `build_model` returned no Keras model
+            on some rank, or models that differ between ranks (a model that
+            depends on the rank: Horovod's broadcast of the weights would
+            fail on their shapes).
+    """
+    model = error = None
+    try:
+        model = recipe.make_model(config)
+    except UsageError as e:
+        error = e
+    collectives.raise_together(error)
+    _check_the_same_on_every_rank(model, recipe.name)
+    return compile_model(model, recipe, config)
+
+
+def _check_the_same_on_every_rank(model, recipe_name):
+    if hvd.size() == 1:
+        return
+    layouts = hvd.allgather_object(
+        [(v.path, tuple(sharding.logical_shape(v)), str(v.dtype)) for v in model.weights],
+        name="hvdtrain.model_layout")
+    for rank, layout in enumerate(layouts):
+        if layout != layouts[0]:
+            raise UsageError(f"recipe {recipe_name} builds different models on ranks 0 and "
+                             f"{rank} ({_difference(layouts[0], layout, rank)}); build_model "
+                             "must build the same model on every rank, from the config alone")
+
+
+def _difference(first, other, rank):
+    """The first variable in which two ranks' models differ, in words."""
+    for mine, theirs in zip(first, other):
+        if mine != theirs:
+            return (f"{mine[0]} {list(mine[1])} {mine[2]} on rank 0, "
+                    f"{theirs[0]} {list(theirs[1])} {theirs[2]} on rank {rank}")
+    return f"{len(first)} variables on rank 0, {len(other)} on rank {rank}"
 
 
 def keras_optimizer(config, learning_rate):

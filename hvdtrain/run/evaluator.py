@@ -117,7 +117,7 @@ def _evaluate(given, model_dir, split, checkpoint_name, output, recipe_given):
     keras.mixed_precision.set_global_policy(config.precision)
     keras.utils.set_random_seed(config.seed)
     watchdog.progress("building the model")
-    model = compiled_model.compile_model(recipe.build_model(config), recipe, config)
+    model = compiled_model.build(recipe, config)
     # A checkpoint holds the optimizer's variables too (on every rank: each
     # takes its rows of the sharded ones).
     loaded = model.weights
@@ -212,12 +212,17 @@ def _settings(given, recorded, source, recipe_given):
     """The settings to evaluate with: the run's, under those given."""
     if recorded is None:
         return given
-    if recipe_given and given.recipe != recorded["recipe"]:
+    if recipe_given and not given.same_recipe(recorded):
         raise UsageError(f"{source} was trained with recipe {recorded['recipe']}, not "
                          f"{given.recipe}: evaluate it with --recipe={recorded['recipe']} "
                          "(or leave --recipe out)")
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     run = TrainConfig(**{k: v for k, v in recorded.items() if k in known})
+    if recipe_given:
+        run = run.override(recipe=given.recipe)   # where the recipe's file is now
+    elif run.recipe.endswith(".py") and not pathlib.Path(run.recipe).is_file():
+        raise UsageError(f"{source} was trained with the recipe file {run.recipe}, which is "
+                         "gone; give the file's path now with --recipe")
     # What evaluating may change; the rest (model, optimizer, precision) is the run's.
     return run.override(**{name: getattr(given, name) for name in (
         "batch_size", "data_dir", "intra_op_threads", "inter_op_threads", "model_dir",
@@ -228,7 +233,7 @@ def _split_loader(recipe, split):
     """(config) -> the split's ShardedDataset, in evaluation order."""
     if split == VALIDATION:
         def validation(config):
-            data = recipe.load_data(config).validation
+            data = recipe.make_splits(config).validation
             if data is None:
                 raise UsageError(f"recipe {recipe.name} has no validation data; "
                                  f"{_other_splits(recipe)}")

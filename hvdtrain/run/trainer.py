@@ -116,7 +116,7 @@ def _stops_cleanly(config):
 def _train(config, recipe, model_dir):
     keras.utils.set_random_seed(config.seed)
     watchdog.progress("building the model")
-    model = compiled_model.compile_model(recipe.build_model(config), recipe, config)
+    model = compiled_model.build(recipe, config)
 
     if elastic.launched():
         if sharding.has_shards(model):
@@ -170,7 +170,7 @@ def _train_from(state, model, recipe, config, model_dir, vote=None):
     """
     # Sharded by the current rank and size, with the steps agreed between them.
     watchdog.progress("loading data")
-    splits = recipe.load_data(config)
+    splits = recipe.make_splits(config)
     train_data, validation_data = splits.train, splits.validation
     steps = train_data.steps
     logging.info("%d workers x batch %d = global batch %d; %d steps per epoch; "
@@ -338,7 +338,7 @@ def _callbacks(state, vote, config, model_dir, learning_rate, steps, validation_
     saver = None
     if config.keep_checkpoints:
         saver = callbacks.PeriodicCheckpoint(
-            model_dir / "checkpoints", dataclasses.asdict(config), config.batch_size,
+            model_dir / "checkpoints", config.recorded(), config.batch_size,
             config.epochs, every_epochs=config.checkpoint_epochs,
             every_steps=config.checkpoint_steps, keep=config.keep_checkpoints,
             monitor=config.best_metric or None, nan_policy=config.nan_policy, kept=kept)

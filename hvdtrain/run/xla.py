@@ -55,9 +55,7 @@ def jit_compile(model):
         raise UsageError("jit_compile(model): compile the model with jit_compile=False; this "
                          "compiles all of its train step but Horovod's collectives")
     if sharding.has_shards(model):
-        raise UsageError("jit_compile(model): tables sharded across workers (ShardedEmbedding) "
-                         "exchange rows inside the forward pass, which XLA cannot hold "
-                         "(Horovod's collectives have no XLA kernels); leave --jit_compile off")
+        raise UsageError(f"jit_compile(model): {sharding.NO_XLA}")
     model.train_step = _CompiledTrainStep(model)
     optimizer_lib.compile_updates(model.optimizer)
     model.train_function = None   # Keras traces the step again at the next fit

@@ -350,7 +350,8 @@ def _load_newest(model, directory, config):
                for name, value in dataclasses.asdict(config).items()
                if name in found.settings and found.settings[name] != value}
     for name in STATE_SETTINGS:
-        if name in changed:
+        # A recipe file that moved is the same recipe (TrainConfig.same_recipe).
+        if name in changed and not (name == "recipe" and config.same_recipe(found.settings)):
             raise UsageError(f"checkpoint {found.path} was written with --{name}="
                              f"{changed[name][0]}; resume with that, or use a new --model_dir")
     averaged = found.settings.get("ema_momentum")

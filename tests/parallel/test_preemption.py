@@ -160,10 +160,11 @@ def test_a_launcher_ended_by_any_signal_stops_every_rank_with_a_checkpoint_to_re
         assert wait_until(lambda: not _running(str(job_dir / "model")), 120), sig
         output = log.read_text()
         assert "Traceback" not in output, (sig, output[-3000:])
-        # The stop's checkpoint: the newest, inside the second epoch, past the pause.
+        # The stop's checkpoint: the newest, inside the second epoch (rank 1's
+        # input, read ahead, pauses while the steps before the 6th may still run).
         all_intact(job_dir / "model")
         newest, _ = checkpoint.read(checkpoint.listed(job_dir / "model" / "checkpoints")[0])
-        assert newest.position.shown[0] == 2 and 5 < newest.position.shown[1] < 32, \
+        assert newest.position.shown[0] == 2 and 0 < newest.position.shown[1] < 32, \
             (sig, newest.position, output[-3000:])
         if launcher.returncode == EXIT_STATUS:
             # A launcher that lived to tell: every rank's stop, and the status.

@@ -88,3 +88,78 @@ def test_every_shipped_numeric_option_declares_its_range():
                 for key, option in recipe.get(name).options.items()
                 if type(option.default) in (int, float) and option.allowed is None]
     assert not unranged
+
+
+RECIPE_FILE = """
+import keras
+from hvdtrain import data
+from hvdtrain.recipe import Recipe, Splits
+
+def load_data(config):
+    return {load_data}
+
+RECIPE = Recipe(name="mine", build_model=lambda config: {build_model}, load_data=load_data,
+                loss="mse", defaults={defaults})
+"""
+
+
+def _recipe_file(path, build_model="keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])",
+                 load_data="Splits(train=data.from_arrays(([[0.0, 1.0]], [0.0]), 1))",
+                 defaults="dict(epochs=2)"):
+    path.write_text(RECIPE_FILE.format(build_model=build_model, load_data=load_data,
+                                       defaults=defaults))
+    return str(path)
+
+
+def test_a_bad_default_is_the_recipes_not_a_flag_never_given(tmp_path):
+    name = _recipe_file(tmp_path / "mine.py", defaults="dict(learning_rate=-0.05)")
+    with pytest.raises(UsageError) as error:
+        recipe.make_config(name)
+    assert str(error.value) == ("recipe mine has a bad default (--learning_rate must be positive, "
+                                "got -0.05); fix its Recipe(defaults=...), or set that flag")
+    # A flag given instead of the default: that default does not apply.
+    assert recipe.make_config(name, learning_rate=0.1).learning_rate == 0.1
+
+
+def test_settings_that_do_not_go_together_are_refused_with_the_recipes_defaults(tmp_path):
+    name = _recipe_file(tmp_path / "mine.py", defaults="dict(optimizer='adam')")
+    with pytest.raises(UsageError, match="--nesterov applies to --optimizer=sgd, not adam"):
+        recipe.make_config(name, nesterov=True)
+
+
+@pytest.mark.parametrize("returned, message", [
+    (dict(build_model="None"), "recipe mine: build_model returned None, not a keras.Model; "
+                               "return the model it builds"),
+    (dict(build_model="[keras.layers.Dense(1)]"), "recipe mine: build_model returned a list, "
+                                                  "not a keras.Model"),
+    (dict(load_data="(1, 2)"), "recipe mine: load_data returned a tuple, not "
+                               "hvdtrain.recipe.Splits(train=..., validation=...) of hvdtrain.data "
+                               "datasets"),
+    (dict(load_data="Splits(train=[1, 2])"), "recipe mine: load_data's train split is a list, "
+                                             "not a ShardedDataset"),
+])
+def test_a_recipe_returning_the_wrong_thing_is_named_with_what_was_expected(
+        tmp_path, returned, message):
+    hvdtrain.init()
+    name = _recipe_file(tmp_path / "mine.py", **returned)
+    config = recipe.make_config(name)
+    mine = recipe.get(name)
+    with pytest.raises(UsageError) as error:
+        mine.make_model(config)
+        mine.make_splits(config)
+    assert str(error.value).startswith(message)
+
+
+def test_a_recipe_file_is_the_same_recipe_however_its_path_is_spelled_or_after_it_moved(
+        tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    written = recipe.make_config(_recipe_file(tmp_path / "mine.py")).recorded()
+    assert written["recipe"] == str(tmp_path / "mine.py")
+    assert recipe.make_config("./mine.py").same_recipe(written)
+    (tmp_path / "moved").mkdir()
+    (tmp_path / "mine.py").rename(tmp_path / "moved" / "mine.py")
+    assert recipe.make_config("moved/mine.py").same_recipe(written)
+    # Another recipe file, or one of a recipe's name, is another recipe.
+    other = recipe.make_config(_recipe_file(tmp_path / "other.py", defaults="dict(epochs=3)"))
+    assert not other.same_recipe(written)
+    assert not recipe.make_config("digits_cnn").same_recipe(written)

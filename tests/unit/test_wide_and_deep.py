@@ -1,6 +1,8 @@
 """The wide_and_deep recipe in one process: sparse embedding gradients,
 per-feature hashing, the synthetic click log and the TFRecord schema check."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -53,12 +55,26 @@ def test_hashing_puts_each_feature_and_cross_in_its_own_rows_deterministically()
     assert len(np.unique(rows[:, 3])) > 0.8 * per_column
 
 
-def test_bad_options_are_usage_errors():
-    for options, message in (({"crosses": "0x26"}, "crosses=0x26"),
-                             ({"hidden_units": "64,,32"}, "hidden_units"),
-                             ({"table_rows": 20}, "table_rows=20")):
-        with pytest.raises(UsageError, match=message):
-            wide_and_deep.build_model(recipe.make_config("wide_and_deep", options))
+@pytest.mark.parametrize("options, settings, message", [
+    ({"crosses": "0x26"}, {}, "--option=crosses=0x26: expected pairs of feature indices"),
+    ({"hidden_units": "64,,32"}, {}, "--option=hidden_units=64,,32: expected positive"),
+    ({"table_rows": 28}, {}, "--option=table_rows=28 must be at least one row per feature and "
+                             "cross (29)"),
+    # What sharded tables cannot follow, refused with the settings (so by --dry_run).
+    ({"embeddings": "sharded"}, {"jit_compile": True}, "exchange rows inside the forward pass, "
+                                                       "which XLA cannot hold"),
+    ({"embeddings": "sharded"}, {"optimizer": "rmsprop"}, "RMSprop has no sparse update"),
+    ({"embeddings": "sharded"}, {"ema_momentum": 0.99}, "moving average is not kept"),
+    ({"embeddings": "sharded"}, {"optimizer": "sgd"}, "sgd with momentum has no sparse update"),
+    ({"embeddings": "sharded"}, {"precision": "mixed_float16"}, "loss scaling is not supported"),
+])
+def test_bad_options_and_settings_are_refused_with_the_settings(options, settings, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        recipe.make_config("wide_and_deep", options, **settings)
+    # The same settings with replicated tables are fine, as are sharded ones without them.
+    if options.get("embeddings") == "sharded":
+        recipe.make_config("wide_and_deep", **settings)
+        recipe.make_config("wide_and_deep", options)
 
 
 def test_synthetic_click_log_is_deterministic_heavy_tailed_and_learnable():

@@ -27,7 +27,7 @@ import tensorflow as tf
 from hvdtrain.errors import UsageError
 from hvdtrain.parallel import sharding
 
-__all__ = ["RULES", "check", "make_slots", "update"]
+__all__ = ["RULES", "check", "make_slots", "problem", "refuse", "update"]
 
 # Each rule's optimizer-class name -> its slots (name, initial value getter).
 RULES = {
@@ -48,25 +48,42 @@ def check(optimizer, accumulating):
         UsageError: For an optimizer without a sparse rule, or a knob the
             rules do not apply alike on every worker.
     """
-    problem = None
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        problem = "mixed_float16's loss scaling is not supported; use --precision=mixed_bfloat16"
-    elif type(optimizer).__name__ not in RULES:
-        problem = (f"{type(optimizer).__name__} has no sparse update; use sgd, adagrad or adam "
-                   "(lazy Adam)")
-    elif type(optimizer).__name__ == "SGD" and optimizer.momentum:
-        problem = "sgd with momentum has no sparse update here; use adagrad or adam"
-    elif getattr(optimizer, "amsgrad", False):
-        problem = "adam with amsgrad has no sparse update here; leave amsgrad off"
-    elif optimizer.clipnorm or optimizer.global_clipnorm:
-        problem = ("clipping by norm needs the whole table's gradient, which no worker has; "
-                   "use --clipvalue")
-    elif optimizer.use_ema:
-        problem = "the weights' moving average is not kept for sharded tables; leave it off"
-    elif accumulating or optimizer.gradient_accumulation_steps:
-        problem = "gradient accumulation is not supported; use a larger batch"
-    if problem:
-        raise UsageError(f"tables sharded across workers (ShardedEmbedding): {problem}")
+        refuse(problem("LossScaleOptimizer", loss_scaling=True))
+    refuse(problem(type(optimizer).__name__, momentum=getattr(optimizer, "momentum", 0),
+                   amsgrad=getattr(optimizer, "amsgrad", False),
+                   clipping_by_norm=bool(optimizer.clipnorm or optimizer.global_clipnorm),
+                   ema=optimizer.use_ema,
+                   accumulating=accumulating or bool(optimizer.gradient_accumulation_steps)))
+
+
+def problem(kind, *, loss_scaling=False, momentum=0, amsgrad=False, clipping_by_norm=False,
+            ema=False, accumulating=False):
+    """What the sparse rules cannot follow in a Keras optimizer of class
+    `kind` with these knobs, in words; None if nothing (also for a run's
+    settings before any optimizer is made: TrainConfig.check_sharded_tables)."""
+    if loss_scaling:
+        return "mixed_float16's loss scaling is not supported; use --precision=mixed_bfloat16"
+    if kind not in RULES:
+        return f"{kind} has no sparse update; use sgd, adagrad or adam (lazy Adam)"
+    if kind == "SGD" and momentum:
+        return "sgd with momentum has no sparse update here; use adagrad or adam"
+    if amsgrad:
+        return "adam with amsgrad has no sparse update here; leave amsgrad off"
+    if clipping_by_norm:
+        return ("clipping by norm needs the whole table's gradient, which no worker has; "
+                "use --clipvalue")
+    if ema:
+        return "the weights' moving average is not kept for sharded tables; leave it off"
+    if accumulating:
+        return "gradient accumulation is not supported; use a larger batch"
+    return None
+
+
+def refuse(found):
+    """Raises the UsageError of a `problem`, if there is one."""
+    if found:
+        raise UsageError(f"tables sharded across workers (ShardedEmbedding): {found}")
 
 
 def make_slots(optimizer, variable):
