@@ -16,8 +16,8 @@ import pytest
 from hvdtrain.faults import launcher_watch
 from hvdtrain.faults.preemption import EXIT_STATUS
 from hvdtrain.state import checkpoint
-from launch import (REPO, horovodrun, rank_lines, rank_pid, run, start_horovodrun, wait_until,
-                    worker)
+from launch import (REPO, horovodrun, rank_lines, rank_pid, run, start, start_horovodrun,
+                    wait_until, worker)
 from parallel.interrupted_runs import DIGITS
 from run_checks import all_intact, ok, weights
 
@@ -120,7 +120,15 @@ def test_sigusr1_to_rank_0_stops_every_rank_and_resumes_on_another_number_of_wor
 # terminal or ssh session (SIGHUP), a preemption notice (SIGUSR1), Ctrl-C
 # sent to the launcher alone (SIGINT), and one that cannot be caught (SIGKILL).
 LAUNCHER_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGINT, signal.SIGKILL)
-LAUNCHERS_LIVING = {"gloo": {signal.SIGTERM, signal.SIGINT}, "mpi": {signal.SIGUSR1}}
+# And a cluster's SIGTERM to docker/resumable.sh, which the Slurm script and
+# the MPIJob run horovodrun under: it passes the stop on as each launcher
+# takes it, and ends with the ranks' status.
+RESUMABLE = "resumable.sh SIGTERM"
+# The launchers that live to end as their ranks did (status 200, after
+# naming the first): horovodrun --gloo passes SIGTERM and SIGINT on to the
+# ranks, horovodrun --mpi SIGUSR1 through mpirun; the others die of it.
+LAUNCHERS_LIVING = {"gloo": {"SIGTERM", "SIGINT", RESUMABLE},
+                    "mpi": {"SIGUSR1", RESUMABLE}}
 
 
 def test_a_launcher_ended_by_any_signal_stops_every_rank_with_a_checkpoint_to_resume_exactly(
@@ -137,53 +145,55 @@ def test_a_launcher_ended_by_any_signal_stops_every_rank_with_a_checkpoint_to_re
     reference = tmp_path / "reference"
     ok(horovodrun(["hvdtrain", "train", *flags, f"--model_dir={reference}"],
                   controller=controller))
+    cases = {sig.name: ([], sig) for sig in LAUNCHER_SIGNALS}
+    cases[RESUMABLE] = ([str(REPO / "docker" / "resumable.sh")], signal.SIGTERM)
     jobs = {}
-    for sig in LAUNCHER_SIGNALS:
-        job_dir = tmp_path / sig.name
+    for name, (wrapper, _) in cases.items():
+        job_dir = tmp_path / name.replace(" ", "-")
         job_dir.mkdir()
         env = dict(FAULT="pause", FAULT_RANK="1", FAULT_EPOCH="1", FAULT_STEP="5",
                    FAULT_RESUME=str(job_dir / "go"))
-        jobs[sig] = job_dir, *_start(job_dir, [*flags, f"--model_dir={job_dir / 'model'}"],
-                                     controller, env=env)
-    for sig, (job_dir, launcher, log) in jobs.items():
+        log = job_dir / "job.log"
+        jobs[name] = job_dir, start([*wrapper, "horovodrun", "-np", "2", "-H", "localhost:2",
+                                     f"--{controller}", "hvdtrain", "train", *flags,
+                                     f"--model_dir={job_dir / 'model'}"], log, env), log
+    for job_dir, _, log in jobs.values():
         assert wait_until((job_dir / "go.waiting").exists, 240, interval=0.2), \
             log.read_text()[-3000:]
-    for sig, (_, launcher, _) in jobs.items():
-        launcher.send_signal(sig)
+    for name, (_, launcher, _) in jobs.items():
+        launcher.send_signal(cases[name][1])
     # Ranks that see their launcher gone look once a second: an epoch of
     # this model can end sooner than that.
     time.sleep(3 * launcher_watch._CHECK_SECONDS)
     for job_dir, *_ in jobs.values():
         (job_dir / "go").touch()
-    for sig, (job_dir, launcher, log) in jobs.items():
+    for name, (job_dir, launcher, log) in jobs.items():
         launcher.wait(timeout=120)
-        assert wait_until(lambda: not _running(str(job_dir / "model")), 120), sig
+        assert wait_until(lambda: not _running(str(job_dir / "model")), 120), name
         output = log.read_text()
-        assert "Traceback" not in output, (sig, output[-3000:])
+        assert "Traceback" not in output, (name, output[-3000:])
         # The stop's checkpoint: the newest, inside the second epoch (rank 1's
         # input, read ahead, pauses while the steps before the 6th may still run).
         all_intact(job_dir / "model")
         newest, _ = checkpoint.read(checkpoint.listed(job_dir / "model" / "checkpoints")[0])
         assert newest.position.shown[0] == 2 and 0 < newest.position.shown[1] < 32, \
-            (sig, newest.position, output[-3000:])
+            (name, newest.position, output[-3000:])
         if launcher.returncode == EXIT_STATUS:
             # A launcher that lived to tell: every rank's stop, and the status.
             _checkpointed_position(job_dir / "model", _stopped(output))
             assert re.search(r"^horovodrun: rank \d exited with status 200$", output, re.M)
-    # Which launchers live to end as their ranks did: horovodrun --gloo passes
-    # SIGTERM and SIGINT on to the ranks, mpirun SIGUSR1; the others die of it.
-    assert {sig for sig, (_, launcher, _) in jobs.items()
+    assert {name for name, (_, launcher, _) in jobs.items()
             if launcher.returncode == EXIT_STATUS} == LAUNCHERS_LIVING[controller], \
-        {sig.name: launcher.returncode for sig, (_, launcher, _) in jobs.items()}
-    resumes = {sig: start_horovodrun(["hvdtrain", "train", *flags, "--resume",
-                                      f"--model_dir={job_dir / 'model'}"],
-                                     job_dir / "resume.log", controller=controller)
-               for sig, (job_dir, *_) in jobs.items()}
-    for sig, resume in resumes.items():
-        job_dir = jobs[sig][0]
+        {name: launcher.returncode for name, (_, launcher, _) in jobs.items()}
+    resumes = {name: start_horovodrun(["hvdtrain", "train", *flags, "--resume",
+                                       f"--model_dir={job_dir / 'model'}"],
+                                      job_dir / "resume.log", controller=controller)
+               for name, (job_dir, *_) in jobs.items()}
+    for name, resume in resumes.items():
+        job_dir = jobs[name][0]
         assert resume.wait(timeout=240) == 0, (job_dir / "resume.log").read_text()[-3000:]
         for a, b in zip(weights(reference), weights(job_dir / "model"), strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=sig.name)
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def _running(marker):

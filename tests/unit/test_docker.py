@@ -250,8 +250,8 @@ def test_resumable_sh_is_valid_bash_and_executable():
 @pytest.mark.parametrize("launch, passed_on", [
     # horovodrun --gloo passes SIGTERM to its workers.
     (["horovodrun"], "SIGTERM"),
-    # horovodrun --mpi becomes `sh -c "mpirun ..."`; mpirun, whether that
-    # shell execs it or runs it as its child, passes SIGUSR1 to every rank.
+    # horovodrun --mpi runs mpirun as its child (Horovod's own becomes
+    # `sh -c "mpirun ..."`, which may exec it); mpirun passes SIGUSR1 to every rank.
     (["mpirun"], "SIGUSR1"),
     (_MPI_SHELL, "SIGUSR1"),
 ], ids=["gloo", "mpirun", "mpirun-under-sh"])
