@@ -4,11 +4,15 @@ VENV ?= .venv
 # The GPU flavour's own environment for `make test-gpu` (kept outside the
 # checkout, so that a new clone reuses it and its Horovod build).
 GPU_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/hvdtrain/venv-gpu
+# The newest Python hvdtrain supports (pyproject.toml) and its environment for
+# `make demo-newest-python`, kept outside the checkout as GPU_VENV is.
+NEWEST_PYTHON := 3.13
+NEWEST_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/hvdtrain/venv-py$(subst .,,$(NEWEST_PYTHON))
 NP ?= 2
 MODEL_DIR ?= runs/demo
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: setup demo test test-quick setup-gpu test-gpu bench clean
+.PHONY: setup demo demo-newest-python test test-quick setup-gpu test-gpu bench clean
 
 setup:
 	HVDTRAIN_VENV=$(VENV) bash scripts/install.sh
@@ -19,6 +23,15 @@ demo: setup
 	hvdtrain check-config horovodrun.cfg
 	horovodrun --config-file horovodrun.cfg -np $(NP) -H localhost:$(NP) \
 		hvdtrain train --recipe=digits_cnn --model_dir="$(MODEL_DIR)"
+
+# The demo on the newest supported Python: PYTHON, else python3.13 on PATH
+# (PYENV_VERSION lets pyenv's shim of it answer when 3.13 is installed but
+# not selected), resolved to the interpreter itself for install.sh.
+demo-newest-python:
+	@python=$${PYTHON:-$$(PYENV_VERSION=$(NEWEST_PYTHON) python$(NEWEST_PYTHON) -c 'import sys; print(sys.executable)' 2>/dev/null)}; \
+	found=$$("$${python:-python$(NEWEST_PYTHON)}" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null); \
+	[ "$$found" = $(NEWEST_PYTHON) ] || { echo "demo-newest-python: needs Python $(NEWEST_PYTHON), and $${python:-python$(NEWEST_PYTHON)} is $${found:+Python }$${found:-not found}: put python$(NEWEST_PYTHON) on PATH or set PYTHON=/path/to/python$(NEWEST_PYTHON)" >&2; exit 1; }; \
+	PYTHON="$$python" $(MAKE) --no-print-directory demo VENV="$(NEWEST_VENV)"
 
 # The whole suite (its tiers: docs/testing.md), ending with its 20 slowest tests.
 test: setup

@@ -10,7 +10,8 @@
 # Environment:
 #   HVDTRAIN_KERAS2_VENV  the virtualenv (default: ~/.cache/hvdtrain/keras2-venv)
 #   HVDTRAIN_CACHE        where built Horovod wheels are kept (default: ~/.cache/hvdtrain)
-#   PYTHON                the interpreter for a new virtualenv (default: python3.11 or python3)
+#   PYTHON                the interpreter for a new virtualenv: Python 3.11 (default:
+#                         python3.11, else python3)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,7 +29,8 @@ for d in libopenmpi-dev g++ make; do
 done
 
 source "$repo/scripts/horovod_wheel.sh"
-new_venv "$venv"
+# TensorFlow 2.15 has no wheels for a newer Python.
+PYTHON=${PYTHON:-$(command -v python3.11 || echo python3)} new_venv "$venv" 3.11
 py=$venv/bin/python
 pip=("$py" -m pip install -q --disable-pip-version-check -c "$constraints")
 tf_version=$(pinned tensorflow-cpu)

@@ -200,6 +200,27 @@ def _get_min_start_hosts(settings):
      "horovodrun --gloo: 30 s from SIGTERM to SIGKILL, for a stop's checkpoint",
      "GRACEFUL_TERMINATION_TIME_S = 5\n",
      "GRACEFUL_TERMINATION_TIME_S = 30\n"),
+    ("horovod/runner/common/util/safe_shell_exec.py",
+     # A rank's shell ends with its command's status once the command exits
+     # (a worker's 200 after a stop). Horovod froze and killed the shell as
+     # soon as the command was gone, racing that exit: the worker's 200
+     # became the shell's 137, 30 s later. The shell, no longer running
+     # anything, is given the grace to exit; the middleman still reaps it.
+     "horovodrun --gloo: a rank's status kept when it stops on SIGTERM",
+     """    gone, alive = psutil.wait_procs(p.children(), timeout=GRACEFUL_TERMINATION_TIME_S)
+
+""",
+     """    gone, alive = psutil.wait_procs(p.children(), timeout=GRACEFUL_TERMINATION_TIME_S)
+    deadline = time.time() + GRACEFUL_TERMINATION_TIME_S
+    while not alive and time.time() < deadline:
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.05)
+
+"""),
     ("horovod/runner/launch.py",
      "horovodrun: exits as its first failing worker did (the import)",
      """from horovod.runner.gloo_run import gloo_run, gloo_run_elastic
@@ -220,6 +241,14 @@ def _get_min_start_hosts(settings):
         print(failed, file=sys.stderr)
         sys.exit(failed.exit_code)
 """),
+    ("horovod/runner/js_run.py",
+     # Python 3.12 removed distutils, and horovodrun imports this module
+     # whatever the controller: it then worked only while setuptools' own
+     # copy of distutils stood in. shutil.which is the standard library's
+     # lookup of a command on PATH (also checking it is executable).
+     "horovodrun: no distutils (gone in Python 3.12) to look for jsrun",
+     "from distutils.spawn import find_executable\n",
+     "from shutil import which as find_executable\n"),
     ("horovod/runner/mpi_run.py",
      "horovodrun --mpi: the first failing worker, in one line and its status (the imports)",
      """import copy

@@ -1,16 +1,22 @@
 # Shell functions shared by scripts/install.sh (hvdtrain's environment) and
-# bench/keras2_env.sh (the Keras 2 contender's): a Python 3.11 virtualenv, and
-# Horovod built from its PyPI source against the TensorFlow installed in it,
-# with the wheel cached by the caller. Sourced; the caller defines `say` and `die`.
+# bench/keras2_env.sh (the Keras 2 contender's): a virtualenv of one of the
+# Python versions the caller supports, and Horovod built from its PyPI source
+# against the TensorFlow installed in it, with the wheel cached by the caller.
+# Sourced; the caller defines `say` and `die`.
 
-# new_venv VENV: creates the virtualenv VENV unless it exists.
+# new_venv VENV VERSION...: creates the virtualenv VENV unless it exists, with
+# $PYTHON, else python3, which must be one of the Python VERSIONs (oldest
+# first, e.g. 3.11 3.12 3.13): otherwise one line names them and dies.
 new_venv() {
-  local venv=$1 python
+  local venv=$1 python=${PYTHON:-python3} found
+  shift
   [ -x "$venv/bin/python" ] && return
-  python=${PYTHON:-$(command -v python3.11 || command -v python3)}
-  "$python" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
-    || die "$python is not Python 3.11; set PYTHON=/path/to/python3.11"
-  say "creating virtualenv $venv"
+  local versions=$* hint="set PYTHON=/path/to/python${!#}"
+  found=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) \
+    || die "no Python at $python (supported: ${versions// /, }); $hint"
+  [[ " $versions " == *" $found "* ]] \
+    || die "$python is Python $found (supported: ${versions// /, }); $hint"
+  say "creating virtualenv $venv with Python $found"
   "$python" -m venv "$venv"
 }
 

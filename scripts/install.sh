@@ -14,7 +14,8 @@
 #   HVDTRAIN_GPU=1      install `tensorflow[and-cuda]` and build Horovod with NCCL
 #                       operations (works without a GPU; see scripts/cuda_toolchain.sh)
 #   HVDTRAIN_CUDA_HOME  the CUDA toolkit for that build, or `pypi` (cuda_toolchain.sh)
-#   PYTHON              the interpreter for a new virtualenv (default: python3.11 or python3)
+#   PYTHON              the interpreter for a new virtualenv: Python 3.11, 3.12 or 3.13
+#                       (default: python3)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -46,7 +47,8 @@ fi
 
 # --- Python packages -------------------------------------------------------
 source "$repo/scripts/horovod_wheel.sh"
-new_venv "$venv"
+# The Pythons TensorFlow publishes wheels for, as pyproject.toml's requires-python.
+new_venv "$venv" 3.11 3.12 3.13
 py=$venv/bin/python
 pip=("$py" -m pip install -q --disable-pip-version-check -c "$constraints")
 

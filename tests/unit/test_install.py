@@ -1,15 +1,20 @@
 """scripts/install.sh's pieces that run in seconds: the fixes to Horovod's
-source (and what the installed Horovod does with the launcher's), and the
-one-line failures of the CUDA toolchain choice. (The whole GPU build is
-tested by `make test-gpu`.)"""
+source (and what the installed Horovod does with the launcher's), the choice
+of Python for a new virtualenv, and the one-line failures of the CUDA
+toolchain choice. (The whole GPU build is tested by `make test-gpu`.)"""
 
 import importlib.machinery
 import importlib.util
+import pathlib
 import re
+import shlex
 import sys
+import threading
+import time
 import types
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 from launch import REPO, run
 
@@ -62,6 +67,29 @@ def test_horovodrun_asks_once_what_the_extension_was_built_with(tmp_path, monkey
     assert [asked(n, "running with GPU") for n in (1, 2)] == [1, 2]
 
 
+def test_a_rank_that_stops_on_sigterm_keeps_its_status_through_horovods_middleman(tmp_path):
+    """horovodrun --gloo's stop of a rank (a signal to horovodrun, another
+    rank's failure, horovodrun's death): its middleman sends SIGTERM, and
+    the rank's shell then ends with the rank's status (200 after a stop),
+    not frozen and killed (137) as it exited."""
+    from horovod.runner.common.util import safe_shell_exec
+
+    ready = tmp_path / "ready"
+    rank = (f"import pathlib, signal, sys, time; "
+            f"signal.signal(signal.SIGTERM, lambda *_: sys.exit(200)); "
+            f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)")
+    stop, status = threading.Event(), []
+    launched = threading.Thread(target=lambda: status.append(safe_shell_exec.execute(
+        f"{shlex.quote(sys.executable)} -c {shlex.quote(rank)}; exit $?", events=[stop])))
+    launched.start()
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    launched.join(timeout=60)
+    assert status == [200]
+
+
 def test_a_fix_that_no_longer_matches_stops_the_build_naming_it(tmp_path):
     _released_source(tmp_path)
     relative, name, released, _ = fixes.FIXES[1]
@@ -70,6 +98,106 @@ def test_a_fix_that_no_longer_matches_stops_the_build_naming_it(tmp_path):
         fixes.apply(tmp_path)
     assert str(stopped.value) == (f"Horovod source fix '{name}' no longer matches {relative}: "
                                   "update scripts/horovod_source_fixes.py for this Horovod version")
+
+
+def _fake_python(folder, name, version):
+    """An interpreter `name` in `folder` that reports Python `version` to
+    new_venv's check and makes a virtualenv folder naming itself."""
+    folder.mkdir(exist_ok=True)
+    python = folder / name
+    python.write_text(f"""#!/bin/sh
+if [ "$1" = -m ] && [ "$2" = venv ]; then
+  /bin/mkdir -p "$3/bin" && echo "$0" >"$3/made-by"
+else
+  echo {version}
+fi
+""")
+    python.chmod(0o755)
+    return python
+
+
+def _new_venv(tmp_path, script, python=None):
+    """Runs `script`'s own new_venv line (scripts/install.sh's or
+    bench/keras2_env.sh's) with only tmp_path/bin on PATH and `python` as
+    PYTHON; returns the result and the interpreter that made the virtualenv."""
+    text = (REPO / script).read_text()
+    line = re.search(r'^.*\bnew_venv "\$venv" .*$', text, re.MULTILINE).group(0)
+    name = pathlib.Path(script).stem
+    result = run(["bash", "-c", f"""set -euo pipefail
+export PATH={tmp_path / "bin"}
+unset PYTHON
+{f"export PYTHON={python}" if python else ""}
+venv={tmp_path / "venv"}
+say() {{ printf '{name}: %s\\n' "$*"; }}
+die() {{ printf '{name}: error: %s\\n' "$*" >&2; exit 1; }}
+source {REPO}/scripts/horovod_wheel.sh
+{line}
+"""])
+    made_by = tmp_path / "venv" / "made-by"
+    return result, made_by.read_text().strip() if made_by.exists() else None
+
+
+def test_install_makes_its_virtualenv_with_python3_of_a_supported_version(tmp_path):
+    python3 = _fake_python(tmp_path / "bin", "python3", "3.12")
+    _fake_python(tmp_path / "bin", "python3.11", "3.11")   # not preferred: install takes python3
+    result, made_by = _new_venv(tmp_path, "scripts/install.sh")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"install: creating virtualenv {tmp_path}/venv with Python 3.12\n"
+    assert made_by == str(python3)
+
+
+def test_install_refuses_an_unsupported_python3_in_one_line(tmp_path):
+    _fake_python(tmp_path / "bin", "python3", "3.10")
+    result, made_by = _new_venv(tmp_path, "scripts/install.sh")
+    assert result.returncode == 1 and result.stdout == "" and made_by is None
+    assert result.stderr == ("install: error: python3 is Python 3.10 (supported: 3.11, 3.12, "
+                             "3.13); set PYTHON=/path/to/python3.13\n")
+
+
+@pytest.mark.parametrize("version", ["3.13", "3.10", None])
+def test_install_takes_python_from_PYTHON_before_python3(tmp_path, version):
+    _fake_python(tmp_path / "bin", "python3", "3.12")
+    python = (_fake_python(tmp_path / "other", "python", version) if version
+              else tmp_path / "other" / "python")
+    result, made_by = _new_venv(tmp_path, "scripts/install.sh", python)
+    if version == "3.13":
+        assert result.returncode == 0 and made_by == str(python)
+    else:
+        assert result.returncode == 1 and made_by is None
+        found = f"{python} is Python {version}" if version else f"no Python at {python}"
+        assert result.stderr == (f"install: error: {found} (supported: 3.11, 3.12, 3.13); "
+                                 "set PYTHON=/path/to/python3.13\n")
+
+
+def test_an_existing_virtualenv_is_kept_whatever_python3_is(tmp_path):
+    _fake_python(tmp_path / "bin", "python3", "3.10")
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").symlink_to("/bin/true")
+    result, made_by = _new_venv(tmp_path, "scripts/install.sh")
+    assert (result.returncode, result.stdout, result.stderr, made_by) == (0, "", "", None)
+
+
+def test_the_keras2_environment_takes_python3_11_only(tmp_path):
+    _fake_python(tmp_path / "bin", "python3", "3.12")
+    result, made_by = _new_venv(tmp_path, "bench/keras2_env.sh")
+    assert result.returncode == 1 and made_by is None
+    assert result.stderr == ("keras2_env: error: python3 is Python 3.12 (supported: 3.11); "
+                             "set PYTHON=/path/to/python3.11\n")
+    # python3.11 on PATH is taken before python3.
+    python311 = _fake_python(tmp_path / "bin", "python3.11", "3.11")
+    result, made_by = _new_venv(tmp_path, "bench/keras2_env.sh")
+    assert result.returncode == 0 and made_by == str(python311)
+
+
+def test_the_supported_pythons_agree_with_pyproject_and_the_makefile():
+    line = re.search(r'^new_venv "\$venv" (.*)$', (REPO / "scripts" / "install.sh").read_text(),
+                     re.MULTILINE).group(1)
+    required = SpecifierSet(re.search(r'^requires-python = "(.*)"$',
+                                      (REPO / "pyproject.toml").read_text(), re.MULTILINE).group(1))
+    assert line.split() == [f"3.{minor}" for minor in range(20) if f"3.{minor}" in required]
+    newest = re.search(r"^NEWEST_PYTHON := (.*)$", (REPO / "Makefile").read_text(),
+                       re.MULTILINE).group(1)
+    assert newest == line.split()[-1]
 
 
 def _toolkit(tmp_path, env):
