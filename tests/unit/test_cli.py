@@ -103,3 +103,14 @@ def test_every_setting_is_a_flag_and_every_other_flag_is_the_commands_own():
         settings == set(cli.SETTINGS)
     # Unset, a setting's flag leaves the recipe's default (--recipe picks the recipe).
     assert [name for name in settings if flags.FLAGS[name].default is not None] == ["recipe"]
+
+
+def test_a_recipe_run_as_a_script_refuses_bad_input_in_one_line(capfd):
+    # The script's own command line, checked as `hvdtrain train`'s is (its recipe's check too).
+    bad = hvdtrain_command(capfd, "--dry_run", "--option=crosses=0x99",
+                           script=REPO / "recipes" / "wide_and_deep.py")
+    assert bad.status == 2
+    assert [line for line in bad.stderr.splitlines() if line.startswith("hvdtrain:")] == [
+        "hvdtrain: error: --option=crosses=0x99: expected pairs of feature indices 0 to 25 "
+        "like 0x1,2x3 (or empty for none)"]
+    assert "Traceback" not in bad.stderr
