@@ -6,6 +6,7 @@ import os
 import pathlib
 import re
 import runpy
+import signal
 import subprocess
 import sys
 import time
@@ -63,10 +64,17 @@ def rank_lines(output):
 
 def start(command, log, env=None):
     """Starts `command` in the background, its output going to the file
-    `log`; returns the process."""
+    `log`; returns the process. SIGINT is at its default action there, as
+    in a terminal's command: a suite started in the background inherits it
+    ignored, and a launcher keeps it so (a test's SIGINT would do nothing)."""
     with open(log, "w") as out:
         return subprocess.Popen([str(a) for a in command], cwd=REPO, env=environment(env),
-                                stdout=out, stderr=subprocess.STDOUT, text=True)
+                                stdout=out, stderr=subprocess.STDOUT, text=True,
+                                preexec_fn=_default_sigint)
+
+
+def _default_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def start_horovodrun(args, log, np=2, controller="gloo", env=None):

@@ -131,6 +131,8 @@ LAUNCHERS_LIVING = {"gloo": {"SIGTERM", "SIGINT", RESUMABLE},
                     "mpi": {"SIGUSR1", RESUMABLE}}
 
 
+# Six jobs and their resumes side by side: minutes on 2 cores.
+@pytest.mark.timeout(600)
 def test_a_launcher_ended_by_any_signal_stops_every_rank_with_a_checkpoint_to_resume_exactly(
         tmp_path, controller):
     """Each signal to horovodrun alone, in a job of its own (run side by
