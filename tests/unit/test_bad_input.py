@@ -32,17 +32,3 @@ def test_single_process_prints_one_line_and_exits_2(case):
     assert expected in result.stderr and result.stderr.startswith("hvdtrain: error: ")
     assert "Traceback" not in result.stderr + result.stdout
 
-
-def test_a_dry_run_runs_the_recipes_own_check_of_the_settings():
-    """Sharded tables with XLA (the other settings they refuse:
-    tests/unit/test_wide_and_deep.py). The recipe's module loads
-    TensorFlow, whose start-up lines come first."""
-    result = run(["hvdtrain", "train", "--recipe=wide_and_deep", "--option=embeddings=sharded",
-                  "--jit_compile", "--dry_run"], timeout=60)
-    assert result.returncode == 2
-    ours = [line for line in result.stderr.splitlines() if line.startswith("hvdtrain:")]
-    assert ours == [result.stderr.splitlines()[-1]] == [
-        "hvdtrain: error: tables sharded across workers (ShardedEmbedding) exchange rows inside "
-        "the forward pass, which XLA cannot hold (Horovod's collectives have no XLA kernels); "
-        "leave --jit_compile off"], result.stderr
-    assert "Traceback" not in result.stderr + result.stdout

@@ -105,12 +105,21 @@ def test_every_setting_is_a_flag_and_every_other_flag_is_the_commands_own():
     assert [name for name in settings if flags.FLAGS[name].default is not None] == ["recipe"]
 
 
-def test_a_recipe_run_as_a_script_refuses_bad_input_in_one_line(capfd):
-    # The script's own command line, checked as `hvdtrain train`'s is (its recipe's check too).
-    bad = hvdtrain_command(capfd, "--dry_run", "--option=crosses=0x99",
-                           script=REPO / "recipes" / "wide_and_deep.py")
+@pytest.mark.parametrize("args, script, message", [
+    # The recipe's own check of the settings: what its sharded tables cannot follow
+    # (the others: tests/unit/test_wide_and_deep.py).
+    (["train", "--recipe=wide_and_deep", "--option=embeddings=sharded", "--jit_compile"], None,
+     "tables sharded across workers (ShardedEmbedding) exchange rows inside the forward pass, "
+     "which XLA cannot hold (Horovod's collectives have no XLA kernels); leave --jit_compile "
+     "off"),
+    # A recipe run as a script: its command line checked as `hvdtrain train`'s.
+    (["--option=crosses=0x99"], "wide_and_deep.py", "--option=crosses=0x99: expected pairs of "
+     "feature indices 0 to 25 like 0x1,2x3 (or empty for none)"),
+], ids=["recipe check", "recipe as a script"])
+def test_a_dry_run_refuses_what_the_run_would_in_one_line(capfd, args, script, message):
+    bad = hvdtrain_command(capfd, *args, "--dry_run",
+                           script=script and REPO / "recipes" / script)
     assert bad.status == 2
     assert [line for line in bad.stderr.splitlines() if line.startswith("hvdtrain:")] == [
-        "hvdtrain: error: --option=crosses=0x99: expected pairs of feature indices 0 to 25 "
-        "like 0x1,2x3 (or empty for none)"]
+        f"hvdtrain: error: {message}"]
     assert "Traceback" not in bad.stderr
