@@ -282,7 +282,7 @@ class TrainConfig:
         sparse_updates.refuse(sparse_updates.problem(
             OPTIMIZERS[self.optimizer].keras_class,
             loss_scaling=self.precision == "mixed_float16",
-            momentum=self.momentum if self.optimizer == "sgd" else 0,
+            momentum=self.momentum,
             clipping_by_norm=self.clipnorm is not None or self.global_clipnorm is not None,
             ema=self.ema_momentum is not None, accumulating=self.backward_passes_per_step > 1))
 

@@ -19,7 +19,7 @@ from hvdtrain.config import Range, TrainConfig
 from hvdtrain.errors import UsageError
 
 __all__ = ["Option", "Recipe", "Splits", "available", "check_name", "describe_options", "get",
-           "make_config", "parse_options", "spelled"]
+           "make_config", "parse_options"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,12 +173,6 @@ def get(name):
     return module.RECIPE
 
 
-def spelled(name):
-    """`name` as settings keep it: a recipe's name as is, a recipe file's
-    path absolute and resolved (one file, one spelling)."""
-    return str(pathlib.Path(name).resolve()) if name.endswith(".py") else name
-
-
 def make_config(name, options=(), **overrides):
     """The settings of a run of recipe `name`.
 
@@ -205,7 +199,7 @@ def make_config(name, options=(), **overrides):
     applied = {key: value for key, value in recipe.defaults.items()
                if overrides.get(key) is None}
     try:
-        defaults = TrainConfig(recipe=spelled(name), options=values).override(**applied)
+        defaults = TrainConfig(recipe=_spelled(name), options=values).override(**applied)
         defaults.validate()
     except UsageError as e:
         raise UsageError(f"recipe {recipe.name} has a bad default ({e}); fix its "
@@ -242,6 +236,12 @@ def describe_options(recipe):
     """The recipe's options for --help: one line each."""
     return "\n".join(f"  --option={key}={option.default}: {option.help}"
                      for key, option in recipe.options.items())
+
+
+def _spelled(name):
+    """`name` as settings keep it: a recipe's name as is, a recipe file's
+    path absolute and resolved (one file, one spelling)."""
+    return str(pathlib.Path(name).resolve()) if name.endswith(".py") else name
 
 
 def _kind(value):
