@@ -33,14 +33,18 @@ demo-newest-python:
 	[ "$$found" = $(NEWEST_PYTHON) ] || { echo "demo-newest-python: needs Python $(NEWEST_PYTHON), and $${python:-python$(NEWEST_PYTHON)} is $${found:+Python }$${found:-not found}: put python$(NEWEST_PYTHON) on PATH or set PYTHON=/path/to/python$(NEWEST_PYTHON)" >&2; exit 1; }; \
 	PYTHON="$$python" $(MAKE) --no-print-directory demo VENV="$(NEWEST_VENV)"
 
+# pytest-xdist's workers for the suite, one per core of a 2-core machine
+# (how they share it: tests/harness/scheduling.py); TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
+
 # The whole suite (its tiers: docs/testing.md), ending with its 20 slowest tests.
 test: setup
-	python -m pytest tests --ignore=tests/gpu_flavour --durations=20
+	python -m pytest tests --ignore=tests/gpu_flavour -n $(TEST_WORKERS) --durations=20
 
 # The edit-test loop, in minutes: the unit and ranked tests not marked slow
 # (a recipe trained, tens of seconds), the ranked ones in one launch per controller.
 test-quick: setup
-	python -m pytest tests/unit tests/ranked --ranked-np=2 -m "not slow" --durations=10
+	python -m pytest tests/unit tests/ranked --ranked-np=2 -m "not slow" -n $(TEST_WORKERS) --durations=10
 
 # The GPU flavour (Horovod with NCCL, tensorflow[and-cuda]) built as on a GPU
 # node, and tested on the CPU: its build, the default recipe under Gloo and

@@ -17,9 +17,17 @@ def pytest_configure(config):
     # tests need (a sixth of the ranked tests' time), and the cycle changes
     # when tensors are reduced, never what they add up to.
     os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
+    # A rank of an MPI job that waits for another (in its input, stopped,
+    # hung: what many tests arrange) spins a core in Open MPI's progress loop:
+    # yielding it, the spin gives way to the tests' other processes.
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     # On a rank of a ranked launch the rank's own plugin is there instead.
     if not any(isinstance(p, RankPlugin) for p in config.pluginmanager.get_plugins()):
         config.pluginmanager.register(Dispatcher(), "ranked-dispatcher")
+        if config.pluginmanager.hasplugin("xdist"):
+            from harness.scheduling import Scheduling
+
+            config.pluginmanager.register(Scheduling(), "suite-scheduling")
 
 
 @pytest.fixture(params=["gloo", "mpi"])

@@ -18,6 +18,7 @@ from absl import logging
 from hvdtrain import runtime
 from hvdtrain.data import input_errors, sharding
 from hvdtrain.data.files import count_records
+from hvdtrain.datasets.builds import build_once
 from hvdtrain.errors import UsageError
 from hvdtrain.parallel import collectives
 
@@ -133,7 +134,7 @@ def prepare(name, data_dir=None):
     for turn in (hvd.rank() == 0, hvd.local_rank() == 0 and hvd.rank() != 0):
         if turn:
             try:
-                _download_and_prepare(_builder(name, data_dir, prepared=False))
+                _download_and_prepare(name, data_dir)
             except UsageError as e:
                 error = e
         runtime.barrier()
@@ -141,13 +142,15 @@ def prepare(name, data_dir=None):
     return _builder(name, data_dir)
 
 
-def _download_and_prepare(builder):
+def _download_and_prepare(name, data_dir):
+    builder = _builder(name, data_dir, prepared=False)
     if builder.is_prepared():
         return
     logging.info("downloading and preparing TFDS dataset %s in %s", builder.name,
                  builder.data_dir)
     try:
-        builder.download_and_prepare()
+        # Another job on this machine may be preparing it too: one at a time.
+        build_once(lambda: _builder(name, data_dir, prepared=False))
     except Exception as e:  # TFDS raises many kinds: network, checksum, disk
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(

@@ -8,6 +8,8 @@ import numpy as np
 import tensorflow_datasets as tfds
 from sklearn.datasets import load_digits
 
+from hvdtrain.datasets.builds import build_once
+
 __all__ = ["HvdtrainDigits", "prepare"]
 
 VALIDATION_FRACTION = 0.2
@@ -49,9 +51,6 @@ class HvdtrainDigits(tfds.core.GeneratorBasedBuilder):
 
 def prepare(data_dir=None):
     """Builds the dataset in `data_dir` (TFDS's default when None) unless it is there."""
-    builder = HvdtrainDigits(data_dir=data_dir)
-    if not builder.is_prepared():
-        tfds.disable_progress_bar()
-        builder.download_and_prepare(
-            download_config=tfds.download.DownloadConfig(num_shards=FILES_PER_SPLIT))
-    return builder
+    tfds.disable_progress_bar()
+    return build_once(lambda: HvdtrainDigits(data_dir=data_dir),
+                      download_config=tfds.download.DownloadConfig(num_shards=FILES_PER_SPLIT))

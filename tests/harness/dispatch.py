@@ -37,6 +37,8 @@ STARTUP_SECONDS = 240
 # ranks did not end themselves (their watchdogs do, at the timeout).
 GRACE_SECONDS = 60
 _LOG_TAIL = 4000
+# Where an xdist worker's summary travels to the session it is part of.
+_SUMMARY = "ranked_launches"
 
 
 def _tail(path):
@@ -198,14 +200,16 @@ class Dispatcher:
         self.spent = {}       # launch -> [seconds of each of its horovodruns]
         self.kept = []        # work directories of launches that failed
         self.session_dir = None   # what launches share (made at the first)
+        self.workers_summaries = []   # under xdist: the workers' _summary() lines
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config, items):
-        """Runs each launch's cases one after the other, at the place of the
-        first ranked case (launches are never in flight together: the
-        machine's cores are the ranks'). Leaves out the cases whose
-        parameter set's mark excludes their launch, and with --ranked-np=N
-        the launches of another size."""
+        """Runs each launch's cases one after the other, before the other
+        tests (the longest unit of work first; under xdist all on one
+        worker, see scheduling.py: two launches in flight together would
+        both wait on the other's ranks for the cores).
+        Leaves out the cases whose parameter set's mark excludes their
+        launch, and with --ranked-np=N the launches of another size."""
         size = config.getoption("--ranked-np", None)
         other = {i for i in items if launches.of_item(i) and (
             not launches.wanted(i) or size is not None and launches.of_item(i).np != size)}
@@ -220,9 +224,8 @@ class Dispatcher:
             self.timeouts[item.nodeid] = launches.timeout(item)
             # The ranks time the test; pytest-timeout here would time the wait.
             item.add_marker(pytest.mark.timeout(0), append=False)
-        first = items.index(ranked[0])
         rest = [item for item in items if not launches.of_item(item)]
-        items[:] = rest[:first] + [i for group in self.groups.values() for i in group] + rest[first:]
+        items[:] = [i for group in self.groups.values() for i in group] + rest
 
     def _run_for(self, launch, item):
         if self.run is not None and item not in self.run.items:
@@ -278,20 +281,31 @@ class Dispatcher:
         item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
 
-    def pytest_terminal_summary(self, terminalreporter):
-        if not self.spent:
-            return
-        terminalreporter.section("ranked launches")
+    def _summary(self):
+        """Each launch's tests and time, and the work directories kept."""
+        lines = []
         for launch, seconds in self.spent.items():
             runs = f" in {len(seconds)} runs" if len(seconds) > 1 else ""
-            terminalreporter.write_line(
-                f"{launch}: {len(self.groups[launch])} tests on horovodrun -np {launch.np} "
-                f"--{launch.controller}{runs}, {sum(seconds):.1f} s")
-        for workdir in self.kept:
-            terminalreporter.write_line(f"kept for inspection: {workdir}")
+            lines.append(f"{launch}: {len(self.groups[launch])} tests on horovodrun -np "
+                         f"{launch.np} --{launch.controller}{runs}, {sum(seconds):.1f} s")
+        return lines + [f"kept for inspection: {workdir}" for workdir in self.kept]
 
-    def pytest_sessionfinish(self):
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        """(xdist) A worker's launches, for the summary of the session it is part of."""
+        self.workers_summaries.extend(getattr(node, "workeroutput", {}).get(_SUMMARY, []))
+
+    def pytest_terminal_summary(self, terminalreporter):
+        lines = self._summary() + self.workers_summaries
+        if lines:
+            terminalreporter.section("ranked launches")
+            for line in lines:
+                terminalreporter.write_line(line)
+
+    def pytest_sessionfinish(self, session):
         if self.run is not None:   # interrupted
             self._end_run(broken=True)
         if self.session_dir is not None:
             shutil.rmtree(self.session_dir, ignore_errors=True)
+        if hasattr(session.config, "workeroutput"):   # an xdist worker: the session's summary
+            session.config.workeroutput[_SUMMARY] = self._summary()

@@ -2,6 +2,8 @@
 test_preemption.py: signals): the digits_cnn run they interrupt, and the
 uninterrupted run its resumption must end at."""
 
+import fcntl
+
 from launch import horovodrun
 from run_checks import ok
 
@@ -11,18 +13,24 @@ DIGITS = ["--epochs=3", "--batch_size=8", "--checkpoint_steps=10", "--determinis
 
 class Uninterrupted:
     """DIGITS trained to the end without interruption, once per controller
-    in a session: every interrupted run of it must resume to these weights."""
+    in a session, in `shared_dir` (which the session's xdist workers share:
+    the first to ask trains it, under a lock the others wait at): every
+    interrupted run of it must resume to these weights."""
 
-    def __init__(self, tmp_path_factory):
-        self._tmp_path_factory = tmp_path_factory
-        self._runs = {}
+    def __init__(self, shared_dir):
+        self._shared_dir = shared_dir
         self.outputs = {}
 
     def __call__(self, controller):
         """The run's model directory under `controller`."""
-        if controller not in self._runs:
-            model_dir = self._tmp_path_factory.mktemp(f"uninterrupted-{controller}") / "model"
-            self.outputs[controller] = ok(horovodrun(
-                ["hvdtrain", "train", f"--model_dir={model_dir}", *DIGITS], controller=controller))
-            self._runs[controller] = model_dir
-        return self._runs[controller]
+        run_dir = self._shared_dir / f"uninterrupted-{controller}"
+        output = run_dir / "output.txt"
+        with open(f"{run_dir}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not output.exists():
+                run_dir.mkdir(exist_ok=True)
+                text = ok(horovodrun(["hvdtrain", "train", f"--model_dir={run_dir / 'model'}",
+                                      *DIGITS], controller=controller))
+                output.write_text(text)
+        self.outputs[controller] = output.read_text()
+        return run_dir / "model"

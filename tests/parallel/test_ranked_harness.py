@@ -23,10 +23,11 @@ pytestmark = pytest.mark.timeout(900)
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
     """The planted session's output, and {test id: (outcome, what the session
-    printed of its failure)}."""
+    printed of its failure)}. It runs on two xdist workers, as make test does:
+    a worker's launches report to the session through xdist."""
     junit = tmp_path_factory.mktemp("planted") / "junit.xml"
     result = run([sys.executable, "-m", "pytest", PLANTED, "-o", "python_files=planted_*.py",
-                  "-p", "no:cacheprovider", f"--junitxml={junit}"], timeout=840,
+                  "-p", "no:cacheprovider", "-n", "2", f"--junitxml={junit}"], timeout=840,
                  env={"COLUMNS": "200"})   # the summary lines whole
     # pytest prints each failure under a "____ name ____" heading.
     printed = dict(re.findall(r"^_+ (\S+) _+\n(.*?)(?=^_+ \S+ _+$|^=+ )", result.stdout,

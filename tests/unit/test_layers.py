@@ -23,7 +23,8 @@ LAYERS = (                                   # lowest first
     ("parallel", "tools"),                   # collectives and placement; doctor, report, ...
     ("parallel.embedding",),                 # tables sharded by rows
     ("parallel.data",),                      # the optimizer, over every strategy's gradients
-    ("data", "datasets", "state", "schedules"),
+    ("datasets",),                           # TFDS datasets built locally, once
+    ("data", "state", "schedules"),
     ("callbacks", "config"),
     ("recipe", "layers", "keras"),           # settings of a recipe; the public facades
     ("run",),                                # the trainer and the evaluator

@@ -1,3 +1,5 @@
+import concurrent.futures
+
 import pytest
 
 import hvdtrain
@@ -24,6 +26,15 @@ def test_digits_is_a_tfds_dataset_with_a_fixed_split_in_several_files(tmp_path):
     again = digits.prepare(tmp_path / "again")
     labels = [sorted(int(ex["label"]) for ex in b.as_dataset("validation")) for b in (builder, again)]
     assert labels[0] == labels[1] and set(labels[0]) == set(range(10))
+
+
+def test_jobs_that_start_together_build_the_digits_once(tmp_path):
+    """Two jobs on a machine whose data directory is still empty (make test's
+    workers, say): the second waits for the first's build and reads it."""
+    with concurrent.futures.ThreadPoolExecutor(2) as jobs:
+        builders = list(jobs.map(lambda _: digits.prepare(tmp_path), range(2)))
+    assert all(b.is_prepared() for b in builders)
+    assert [p.name for p in (tmp_path / "hvdtrain_digits").iterdir()] == ["1.0.0"]
 
 
 def test_digits_recipe_reads_all_examples_through_tfds(tmp_path):
