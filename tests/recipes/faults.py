@@ -2,12 +2,15 @@
 on one rank from a given batch of a given epoch on, as the environment says:
 FAULT=nan (that rank's features become NaN), FAULT=hang (that rank's input
 pipeline blocks) or FAULT=pause (it blocks until the file FAULT_RESUME
-exists, having made FAULT_RESUME.waiting), FAULT_RANK, FAULT_EPOCH and FAULT_STEP (0-based); or before
+exists, having made FAULT_RESUME.waiting; with FAULT_RESUME_ON_STOP set,
+or until a stop reaches it), FAULT_RANK, FAULT_EPOCH and FAULT_STEP (0-based); or before
 training, FAULT=hang_loading (that rank never finishes loading its data) or
 FAULT=pause_loading (it loads once the file FAULT_RESUME exists)."""
 
 import dataclasses
 import os
+import select
+import signal
 import time
 
 import horovod.tensorflow as hvd
@@ -16,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import data
+from hvdtrain.faults import preemption
 from hvdtrain.recipe import Recipe, Splits
 
 
@@ -31,9 +35,28 @@ def _hang(x):
     return x
 
 
+# With FAULT_RESUME_ON_STOP: a pipe that Python's own signal handler writes
+# each arriving signal to at once. The stop it asks for waits for the main
+# thread, and the main thread for the paused input.
+_signals = None
+
+
+def _arrive_in_a_pipe():
+    global _signals
+    _signals, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+
+
+def _stop_asked():
+    """A stop signal arrived, or a thread asked this rank to stop (its launcher gone)."""
+    return _signals is not None and bool(
+        preemption.requested() or select.select([_signals], [], [], 0)[0])
+
+
 def _pause(x):
     open(os.environ["FAULT_RESUME"] + ".waiting", "w").close()   # tests wait for this
-    while not os.path.exists(os.environ["FAULT_RESUME"]):
+    while not (os.path.exists(os.environ["FAULT_RESUME"]) or _stop_asked()):
         time.sleep(0.1)
     return x
 
@@ -64,6 +87,8 @@ def load_data(config):
     read = dict(batch_size=config.batch_size, seed=config.seed)
     train = data.from_arrays(_blobs(512, 0), training=True, **read)
     if faulty:
+        if os.environ.get("FAULT_RESUME_ON_STOP"):
+            _arrive_in_a_pipe()
         train = dataclasses.replace(train, batches=_faulty(train.batches))
     return Splits(train=train, validation=data.from_arrays(_blobs(128, 1), training=False, **read))
 
