@@ -62,19 +62,25 @@ def rank_lines(output):
     return [(int(rank), re.sub(_RANK_TAG, "", text)) for rank, text in _RANK_LINE.findall(output)]
 
 
+# The signals tests send to what they start.
+_SENT = (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+
 def start(command, log, env=None):
     """Starts `command` in the background, its output going to the file
-    `log`; returns the process. SIGINT is at its default action there, as
-    in a terminal's command: a suite started in the background inherits it
-    ignored, and a launcher keeps it so (a test's SIGINT would do nothing)."""
+    `log`; returns the process. The signals tests send are at their default
+    actions there, as in a terminal's command: a suite started in the
+    background (`&`, nohup) inherits SIGINT or SIGHUP ignored, and a launcher
+    keeps them so (a test's signal would do nothing)."""
     with open(log, "w") as out:
         return subprocess.Popen([str(a) for a in command], cwd=REPO, env=environment(env),
                                 stdout=out, stderr=subprocess.STDOUT, text=True,
-                                preexec_fn=_default_sigint)
+                                preexec_fn=_default_signals)
 
 
-def _default_sigint():
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+def _default_signals():
+    for sent in _SENT:
+        signal.signal(sent, signal.SIG_DFL)
 
 
 def start_horovodrun(args, log, np=2, controller="gloo", env=None):
