@@ -39,6 +39,9 @@ OPTIMIZERS = {
 # Settings that only some optimizers take: a value other than the default
 # with another optimizer is refused rather than ignored.
 _OPTIMIZER_SETTINGS = {"nesterov": ("sgd",)}
+# Optimizers whose update of a weight reads all of it (norms, factored
+# moments, orthogonalisation): not with the weight split over ranks.
+_WHOLE_WEIGHT_OPTIMIZERS = ("Adafactor", "Lamb", "Muon")
 # Keras's gradient clipping: at most one of these.
 CLIPPING = ("clipnorm", "global_clipnorm", "clipvalue")
 # The --compression choices: the names of compression.Compression's algorithms
@@ -163,6 +166,10 @@ class TrainConfig:
     jit_compile: bool = _setting(
         False, "Compile the forward and backward pass and the optimizer's update with XLA, "
         "with Horovod's collectives between them, outside XLA.")
+    tensor_parallel: int = _number(
+        1, POSITIVE, "T: split the model's tensor-parallel layers over T consecutive ranks "
+        "(a replica; inside a host), which read the same batch; the workers / T replicas are "
+        "data-parallel, and --batch_size and the learning rate's scaling count replicas.")
     backward_passes_per_step: int = _number(
         1, POSITIVE, "Batches whose gradients accumulate locally per allreduce and update.")
     sparse_as_dense: bool = _setting(
@@ -307,6 +314,7 @@ class TrainConfig:
                                  f"choose one of {', '.join(allowed)}")
         self._check_optimizer_settings()
         self._check_monitoring()
+        self._check_tensor_parallel()
         self.timeline_window()
         self.profile_window()
         preemption.parse_signals(self.preemption_signals)
@@ -339,6 +347,29 @@ class TrainConfig:
         if len(clipping) > 1:
             raise UsageError(f"--{' and --'.join(clipping)} are both set; Keras clips one way: "
                              "keep one")
+
+    def _check_tensor_parallel(self):
+        """Refuses what the ranks of a replica, each holding parts of its
+        weights, cannot do as one process would."""
+        if self.tensor_parallel == 1:
+            return
+        refused = None
+        if OPTIMIZERS[self.optimizer].keras_class in _WHOLE_WEIGHT_OPTIMIZERS:
+            refused = (f"--optimizer={self.optimizer} updates each weight as a whole (its "
+                       "norms or factors), which no rank holds; choose an optimizer that "
+                       "updates element by element (sgd, adam, adamw, lion, ...)")
+        elif self.clipnorm is not None or self.global_clipnorm is not None:
+            refused = ("clipping by norm needs the norm of whole gradients, which no rank "
+                       "holds; use --clipvalue")
+        elif self.precision == "mixed_float16":
+            refused = ("mixed_float16's loss scaling decides on each rank's parts of the "
+                       "gradients, and ranks could decide differently; use "
+                       "--precision=mixed_bfloat16")
+        elif self.jit_compile:
+            from hvdtrain.parallel import sharding   # not at the top: before TensorFlow loads
+            refused = sharding.NO_XLA_TENSOR_PARALLEL
+        if refused:
+            raise UsageError(f"--tensor_parallel={self.tensor_parallel}: {refused}")
 
     def _check_monitoring(self):
         watching = [name for name, on in (

@@ -80,6 +80,9 @@ class Recipe:
             (its options' formats and how they go together, settings its
             model cannot follow), raising `UsageError`: `make_config` runs
             it, so a bad one is refused before any work, by `--dry_run` too.
+        tokens_per_example: `(config) -> int` for a language model: the
+            tokens an example trains on, for the throughput in tokens/s and
+            the model FLOPs utilisation the trainer logs.
     """
     name: str
     build_model: Callable[..., Any]
@@ -91,6 +94,7 @@ class Recipe:
     unit: str = "examples"
     evaluation_splits: dict = dataclasses.field(default_factory=dict)
     check: Callable[..., None] | None = None
+    tokens_per_example: Callable[..., int] | None = None
 
     def make_model(self, config):
         """`build_model(config)`, checked to be a Keras model.

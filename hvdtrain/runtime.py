@@ -19,10 +19,11 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from hvdtrain import layout
 from hvdtrain.errors import UsageError
 from hvdtrain.faults import launcher_watch, unread_output, watchdog
 
-__all__ = ["barrier", "default_intra_op_threads", "gpu_index", "init", "is_main_process",
+__all__ = ["barrier", "default_intra_op_threads", "device_name", "gpu_index", "init", "is_main_process",
            "local_rank", "local_size", "main_process_first", "pin_gpu", "precision_warning",
            "rank", "set_log_verbosity", "size", "stop_watching"]
 
@@ -36,7 +37,8 @@ _every_rank_logs = False
 
 
 def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=None,
-         comm=None, stall_timeout=None, timeline=False, verbose_all_ranks=False):
+         comm=None, stall_timeout=None, timeline=False, verbose_all_ranks=False,
+         tensor_parallel=1):
     """Initialises Horovod and this process's devices, threads and precision.
 
     Call it once per process, before any TensorFlow op (see the module's
@@ -58,11 +60,16 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
         timeline: Allow Horovod's timeline to be started and stopped during
             training (hvd.start_timeline), which Horovod decides at init.
         verbose_all_ranks: Every rank logs its progress, not only rank 0.
+        tensor_parallel: T: the workers form replicas of T consecutive ranks
+            that split tensor-parallel layers (hvdtrain.layout); more than 1
+            starts Horovod with dynamic process sets, unless `process_sets`
+            says otherwise, and makes the groups' sets.
 
     Raises:
         UsageError: If `timeline` is asked for while horovodrun already
-            records a timeline of the whole run, or more processes share
-            this host than it has GPUs.
+            records a timeline of the whole run, more processes share this
+            host than it has GPUs, or `tensor_parallel` does not divide the
+            number of workers.
     """
     global _every_rank_logs
     _every_rank_logs = verbose_all_ranks
@@ -81,6 +88,8 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
     if stall_timeout:
         # Well after Horovod's stall check (told stall_timeout), where that can act.
         watchdog.start(3 * stall_timeout, board)
+    if tensor_parallel != 1 and process_sets is None:
+        process_sets = "dynamic"
     hvd.init(comm=comm, process_sets=process_sets)
     # Before any TensorFlow op (the board's broadcast is one): they freeze both.
     gpu = pin_gpu()
@@ -88,6 +97,7 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
     watchdog.progress("setting up")
     if stall_timeout and hvd.size() > 1 and board is None:
         watchdog.use_board(watchdog.serve_board())
+    layout.arrange(tensor_parallel)
     unread_output.install()     # a launcher that dies must not take the checkpoint with it
     launcher_watch.start(hvd.rank())
     if precision is not None:
@@ -146,6 +156,14 @@ def main_process_first():
 
 def barrier():
     hvd.allreduce(tf.constant(0), name="hvdtrain.barrier")
+
+
+def device_name():
+    """The name of the GPU this process trains on, or "CPU"."""
+    gpus = tf.config.get_visible_devices("GPU")
+    if not gpus:
+        return "CPU"
+    return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU")
 
 
 def pin_gpu():

@@ -1,8 +1,8 @@
 """Linear learning-rate warm-up to the rate scaled for the workers."""
 
-import horovod.tensorflow as hvd
 from absl import logging
 
+from hvdtrain import layout
 from hvdtrain.callbacks.learning_rate_schedule import ScheduledLearningRate
 
 __all__ = ["LearningRateWarmup"]
@@ -27,7 +27,8 @@ class LearningRateWarmup(ScheduledLearningRate):
         def multiplier(epoch):
             # Counting the batch being started makes each epoch end on a round value.
             epoch = min(epoch + 1.0 / self.steps_per_epoch, warmup_epochs)
-            return (epoch * (hvd.size() - 1) / warmup_epochs + 1) / hvd.size()
+            replicas = layout.data_size()
+            return (epoch * (replicas - 1) / warmup_epochs + 1) / replicas
 
         super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
                          staircase=False, momentum_correction=momentum_correction,

@@ -7,7 +7,7 @@ import horovod.tensorflow as hvd
 import keras
 from absl import logging
 
-from hvdtrain import runtime
+from hvdtrain import layout, runtime
 from hvdtrain.callbacks.base import TrainingCallback, kept_states, monitor_mode
 from hvdtrain.errors import TrainingError
 from hvdtrain.parallel import sharding
@@ -86,7 +86,7 @@ class PeriodicCheckpoint(TrainingCallback):
             return
         start = time.perf_counter()
         values = [keras.ops.convert_to_numpy(v) for v in values]
-        position = Position(epoch, step, self.params["steps"], hvd.size(), self.batch_size)
+        position = Position(epoch, step, self.params["steps"], layout.data_size(), self.batch_size)
         if not checkpoint.all_finite(values):
             # Never let a diverged state push good checkpoints out.
             message = (f"the model's state is no longer finite after {position.describe()}: "
@@ -114,9 +114,11 @@ def _with_local_state_averaged(model, variables):
     replaced by their average over the ranks: restored on every rank, those
     give the same next update as the ranks' own would."""
     local = optimizer_lib.rank_local_variables(model.optimizer)
-    if not local or hvd.size() == 1:
+    if not local or layout.data_size() == 1:
         return variables
+    # Over the replicas: a replica's ranks hold the same (or their parts' own).
     averaged = hvd.grouped_allreduce([v.value for v in local], op=hvd.Average,
-                                     name="hvdtrain.checkpoint.accumulated")
+                                     name="hvdtrain.checkpoint.accumulated",
+                                     process_set=layout.data_set())
     replaced = {id(v): a for v, a in zip(local, averaged)}
     return [replaced.get(id(v), v) for v in variables]

@@ -4,6 +4,7 @@ from the cluster), with a checkpoint of exactly that position."""
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvdtrain import layout
 from hvdtrain.callbacks.base import TrainingCallback
 from hvdtrain.errors import TrainingError
 from hvdtrain.faults import preemption
@@ -80,7 +81,7 @@ class PreemptionStop(TrainingCallback):
                                              name="hvdtrain.stop_between_steps"))
 
     def _position(self, epoch, step):
-        return Position(epoch, step, self.params["steps"], hvd.size(), self.batch_size)
+        return Position(epoch, step, self.params["steps"], layout.data_size(), self.batch_size)
 
     def _stop(self, position, write=True, metric=None):
         error = None

@@ -1,8 +1,8 @@
 """Elastic training's position, kept in its state for a restart, with the
 state of the callbacks that keep one."""
 
-import horovod.tensorflow as hvd
 
+from hvdtrain import layout
 from hvdtrain.callbacks.base import TrainingCallback, kept_states
 from hvdtrain.state.training_state import Position
 
@@ -45,5 +45,5 @@ class TrackPosition(TrainingCallback):
             self.state.kept_states = kept_states(self.kept)
 
     def _stand_at(self, epoch, step):
-        self.state.position = Position(epoch, step, self.params["steps"], hvd.size(),
+        self.state.position = Position(epoch, step, self.params["steps"], layout.data_size(),
                                        self.batch_size)

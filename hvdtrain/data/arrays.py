@@ -1,9 +1,9 @@
 """Sharded pipelines from in-memory arrays: worker r of n takes rows r, r+n, ..."""
 
-import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
+from hvdtrain import layout
 from hvdtrain.data import sharding
 from hvdtrain.errors import UsageError
 
@@ -36,7 +36,7 @@ def from_arrays(arrays, batch_size, *, training, seed=0):
                          + ", ".join(f"{name}: {n}" for name, n in lengths.items())
                          + "); give every feature and the labels one row per example")
     examples = len(tf.nest.flatten(arrays)[0])
-    shard = tf.nest.map_structure(lambda a: a[hvd.rank()::hvd.size()], arrays)
+    shard = tf.nest.map_structure(lambda a: a[layout.data_rank()::layout.data_size()], arrays)
     shard_examples = len(tf.nest.flatten(shard)[0])
     rows = tf.data.Dataset.from_tensor_slices(shard)
     if not training:
@@ -45,4 +45,4 @@ def from_arrays(arrays, batch_size, *, training, seed=0):
     def shuffled(epoch):
         return rows.shuffle(shard_examples, seed=sharding.epoch_seed(seed, epoch))
 
-    return sharding.training(shuffled, shard_examples, examples, batch_size, hvd.size())
+    return sharding.training(shuffled, shard_examples, examples, batch_size, layout.data_size())

@@ -19,6 +19,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 from absl import logging
 
+from hvdtrain import layout
 from hvdtrain.data import image_headers, input_errors, sharding
 from hvdtrain.errors import UsageError
 from hvdtrain.parallel import collectives
@@ -222,7 +223,7 @@ def _corrupt_image(path, reason):
 
 def _assign(files, source):
     """This worker's files, and whether it keeps only every n-th item of them."""
-    size, rank = hvd.size(), hvd.rank()
+    size, rank = layout.data_size(), layout.data_rank()
     if len(files) >= size:
         return files[rank::size], False
     logging.warning("%s has %d files for %d workers: each worker reads every %d-th item "
@@ -245,13 +246,15 @@ def _pipeline(entries, count, items, parse, batch_size, training, seed, determin
               every_nth):
     """entries: this worker's files (a nest of tensors); count: the items in
     them; items(dataset of entries) -> dataset of items."""
-    size, rank = hvd.size(), hvd.rank()
+    size, rank = layout.data_size(), layout.data_rank()
     if every_nth:
         shard_examples, split_examples = len(range(rank, count, size)), count
     else:
         shard_examples = count
+        # Each replica once: its ranks read the same files.
         split_examples = int(collectives.allreduce_scalars([count], op=hvd.Sum,
-                                                           name="hvdtrain.examples")[0])
+                                                           name="hvdtrain.examples")[0]
+                             ) // layout.tensor_size()
     num_entries = len(tf.nest.flatten(entries)[0])
 
     def read(order):

@@ -15,7 +15,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 from absl import logging
 
-from hvdtrain import runtime
+from hvdtrain import layout, runtime
 from hvdtrain.data import input_errors, sharding
 from hvdtrain.data.files import count_records
 from hvdtrain.datasets.builds import build_once
@@ -60,7 +60,7 @@ def from_tfds(name, split, batch_size, *, training, preprocess, data_dir=None, s
         raise UsageError(f"TFDS dataset {name} has no split '{split}'; it has "
                          f"{', '.join(sorted(builder.info.splits))}")
     info = builder.info.splits[split]
-    size, rank = hvd.size(), hvd.rank()
+    size, rank = layout.data_size(), layout.data_rank()
     if info.num_shards >= size:
         shard_examples = sum(info.shard_lengths[rank::size])
         read_split = split

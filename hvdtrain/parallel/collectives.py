@@ -11,6 +11,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from hvdtrain import layout
 from hvdtrain.parallel import sharding
 
 __all__ = ["agree_on_max", "agree_on_min", "allreduce_scalars", "broadcast_variables",
@@ -37,24 +38,36 @@ def broadcast_variables(variables, root_rank=0):
     Call it on every rank, with the same variables in the same order: they
     are broadcast by position. Does nothing on one process. Shards of a
     table split across the workers (hvdtrain.parallel.sharding) are left out: each
-    worker holds its own rows.
+    worker holds its own rows. Parts of tensor-parallel weights go from
+    replica 0 to the same part of every other replica.
 
     Args:
         variables: Keras or TensorFlow variables (e.g. `model.variables`
             and `optimizer.variables`).
         root_rank: The rank whose values all take.
     """
-    variables = [v for v in variables if not sharding.is_sharded(v)]
-    if hvd.size() == 1 or not variables:
-        return
-    values = _broadcast([tf.convert_to_tensor(v) for v in variables], root_rank)
+    variables = list(variables)
+    whole = [v for v in variables if not sharding.is_sharded(v)]
+    parts = [v for v in variables if isinstance(sharding.placement_of(v), sharding.TensorSplit)]
+    if hvd.size() > 1 and whole:
+        _assign(whole, _broadcast([tf.convert_to_tensor(v) for v in whole], root_rank,
+                                  hvd.global_process_set, "hvdtrain.broadcast"))
+    if layout.data_size() > 1 and parts:
+        # The first member of this rank's data-parallel group: its part in replica 0.
+        _assign(parts, _broadcast([tf.convert_to_tensor(v) for v in parts],
+                                  layout.tensor_rank(), layout.data_set(),
+                                  "hvdtrain.broadcast.parts"))
+
+
+def _assign(variables, values):
     for variable, value in zip(variables, values):
         variable.assign(value)
 
 
 @tf.function(reduce_retracing=True)
-def _broadcast(values, root_rank):
-    return [hvd.broadcast(v, root_rank, name=f"hvdtrain.broadcast.{i}", ignore_name_scope=True)
+def _broadcast(values, root_rank, process_set, name):
+    return [hvd.broadcast(v, root_rank, name=f"{name}.{i}", ignore_name_scope=True,
+                          process_set=process_set)
             for i, v in enumerate(values)]
 
 

@@ -1,17 +1,22 @@
-"""Variables split across workers by rows: where each row lives, and the
-whole table out of its shards and back.
+"""Variables split across workers: where each part lives, and the whole
+variable out of its parts and back.
 
-A sharded variable (an embedding table of hvdtrain.layers.ShardedEmbedding
-and the optimizer's slots for it) holds on each worker only the rows its
-`Placement` gives that worker, in increasing row order. Everything that
-treats the state as one thing (checkpoints, export) sees the whole table in
-row order, which does not depend on the number of workers: a checkpoint
-written by N workers resumes on M.
+Two ways to split one:
+- `Placement`: an embedding table of hvdtrain.layers.ShardedEmbedding (and
+  the optimizer's slots for it) by rows over all workers, each holding the
+  rows its placement gives it, in increasing row order;
+- `TensorSplit`: a weight of a tensor-parallel layer (hvdtrain.parallel.tensor)
+  cut along one axis into T equal parts, part t on the replicas' rank t
+  (hvdtrain.layout); every replica holds the same parts.
+
+Everything that treats the state as one thing (checkpoints, export) sees the
+whole variable, which does not depend on the number of workers or their
+layout: a checkpoint written by N workers resumes on M, at any T.
 
 Rank 0 writes checkpoints and exports, and their directory need not be
-shared between hosts, so `gather` brings the whole table to rank 0, one
-worker's shard at a time, and `scatter` sends each worker its rows back.
-Rank 0 thus holds one table in host memory while it saves, never all
+shared between hosts, so `gather` brings the whole variable to rank 0, one
+worker's part at a time, and `scatter` sends each worker its part back.
+Rank 0 thus holds one variable in host memory while it saves, never all
 workers' device memory.
 """
 
@@ -21,13 +26,18 @@ import horovod.tensorflow as hvd
 import keras
 import numpy as np
 
-__all__ = ["NO_XLA", "Placement", "gather", "has_shards", "is_sharded", "logical_shape", "mark",
-           "placement_of", "scatter"]
+__all__ = ["NO_XLA", "NO_XLA_TENSOR_PARALLEL", "Placement", "TensorSplit", "gather", "has_rows_sharded", "has_shards",
+           "is_rows_sharded", "is_sharded", "logical_shape", "mark", "placement_of", "replicated_copy",
+           "scatter"]
 
 # Why a model with sharded variables is not compiled with XLA.
 NO_XLA = ("tables sharded across workers (ShardedEmbedding) exchange rows inside the forward "
           "pass, which XLA cannot hold (Horovod's collectives have no XLA kernels); leave "
           "--jit_compile off")
+
+NO_XLA_TENSOR_PARALLEL = (
+    "tensor-parallel layers exchange activations inside the forward pass, which XLA cannot "
+    "hold (Horovod's collectives have no XLA kernels there); leave --jit_compile off")
 
 _ATTRIBUTE = "_hvdtrain_placement"
 
@@ -55,6 +65,46 @@ class Placement:
             return np.arange(rank, self.rows, size)
         return np.arange(self.rows if rank == self.owner % size else 0)
 
+    def whole_shape(self, shape):
+        return (self.rows, *shape[1:])
+
+    def holders(self, size):
+        """The ranks whose parts make up the whole."""
+        return range(size)
+
+    def part(self, whole, rank, size):
+        """Worker `rank`'s part of the whole value."""
+        return whole[self.owned_rows(rank, size)]
+
+    def place(self, whole, part, rank, size):
+        """Writes worker `rank`'s part into the whole value."""
+        whole[self.owned_rows(rank, size)] = part
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSplit:
+    """A weight cut along `axis` into `parts` equal, contiguous parts: part t
+    on the ranks t, t + parts, ... (tensor-parallel rank t of every replica)."""
+    axis: int
+    parts: int
+
+    def whole_shape(self, shape):
+        shape = list(shape)
+        shape[self.axis] *= self.parts
+        return tuple(shape)
+
+    def holders(self, size):
+        return range(self.parts)   # replica 0 holds every part
+
+    def part(self, whole, rank, size):
+        return np.split(whole, self.parts, axis=self.axis)[rank % self.parts]
+
+    def place(self, whole, part, rank, size):
+        length = part.shape[self.axis]
+        index = [slice(None)] * whole.ndim
+        index[self.axis] = slice(rank % self.parts * length, (rank % self.parts + 1) * length)
+        whole[tuple(index)] = part
+
 
 def mark(variable, placement):
     """Records that `variable` holds this worker's shard of a table placed so."""
@@ -63,39 +113,51 @@ def mark(variable, placement):
 
 
 def placement_of(variable):
-    """The variable's Placement, or None for a variable every worker holds whole."""
+    """The variable's Placement or TensorSplit, or None for a variable every
+    worker holds whole."""
     return getattr(variable, _ATTRIBUTE, None)
 
 
 def is_sharded(variable):
+    """Whether this worker holds only a part of `variable`."""
     return placement_of(variable) is not None
 
 
+def is_rows_sharded(variable):
+    """Whether `variable` is a table split by rows (sparse updates, no reduction)."""
+    return isinstance(placement_of(variable), Placement)
+
+
 def has_shards(model):
-    """Whether any of `model`'s variables is a shard."""
+    """Whether any of `model`'s variables is a part of a whole."""
     return any(is_sharded(v) for v in model.variables)
+
+
+def has_rows_sharded(model):
+    """Whether `model` has tables split by rows (ShardedEmbedding)."""
+    return any(is_rows_sharded(v) for v in model.variables)
 
 
 def logical_shape(variable):
     """The shape of the whole variable: the table's, for a shard."""
     placement = placement_of(variable)
     shape = tuple(variable.shape)
-    return shape if placement is None else (placement.rows, *shape[1:])
+    return shape if placement is None else placement.whole_shape(shape)
 
 
 def gather(variables, values, name="hvdtrain.shards"):
-    """The whole tables of the sharded ones among `variables`, on rank 0.
+    """The whole values of the split ones among `variables`, on rank 0.
 
     Call it on every rank with the same variables in the same order.
 
     Args:
-        variables: Keras variables, sharded or not.
+        variables: Keras variables, split or not.
         values: Their values to use (tensors or arrays), in the same order.
         name: A prefix for the collectives' names.
 
     Returns:
-        `values` with each shard replaced by the whole table (a NumPy array
-        in row order) on rank 0; on other ranks, shards become None.
+        `values` with each part replaced by the whole value (a NumPy array)
+        on rank 0; on other ranks, parts become None.
     """
     size, rank = hvd.size(), hvd.rank()
     gathered = []
@@ -104,35 +166,34 @@ def gather(variables, values, name="hvdtrain.shards"):
         if placement is None:
             gathered.append(value)
             continue
-        shard = np.asarray(keras.ops.convert_to_numpy(value))
-        if size == 1:
-            gathered.append(shard)
-            continue
-        table = (np.empty((placement.rows, *shard.shape[1:]), shard.dtype) if rank == 0
+        part = np.asarray(keras.ops.convert_to_numpy(value))
+        whole = (np.empty(placement.whole_shape(part.shape), part.dtype) if rank == 0
                  else None)
         if rank == 0:
-            table[placement.owned_rows(0, size)] = shard
-        for source in range(1, size):
-            # Only `source` sends, and only to rank 0: one shard in flight.
-            sending = shard if rank == source else shard[:0]
+            placement.place(whole, part, 0, size)
+        for source in placement.holders(size):
+            if source == 0:
+                continue
+            # Only `source` sends, and only to rank 0: one part in flight.
+            sending = part if rank == source else part[:0]
             received, _ = hvd.alltoall(sending, splits=[len(sending)] + [0] * (size - 1),
                                        name=f"{name}.gather.{index}.{source}")
             if rank == 0:
-                table[placement.owned_rows(source, size)] = received.numpy()
-        gathered.append(table)
+                placement.place(whole, received.numpy(), source, size)
+        gathered.append(whole if rank == 0 else None)
     return gathered
 
 
-def scatter(variables, tables, name="hvdtrain.shards"):
-    """Sets each sharded variable among `variables` to its rows of the whole
-    table rank 0 holds. Call it on every rank with the same variables in the
+def scatter(variables, values, name="hvdtrain.shards"):
+    """Sets each split variable among `variables` to its part of the whole
+    value rank 0 holds. Call it on every rank with the same variables in the
     same order.
 
     Args:
-        variables: Keras variables; those not sharded are left alone.
-        tables: On rank 0, the whole value of each of `variables` (arrays in
-            row order; entries for unsharded ones are not read); on other
-            ranks, not read (None will do).
+        variables: Keras variables; those not split are left alone.
+        values: On rank 0, the whole value of each of `variables` (arrays;
+            entries for unsplit ones are not read); on other ranks, not read
+            (None will do).
         name: A prefix for the collectives' names.
     """
     size, rank = hvd.size(), hvd.rank()
@@ -141,14 +202,16 @@ def scatter(variables, tables, name="hvdtrain.shards"):
         if placement is None:
             continue
         if size == 1:
-            variable.assign(tables[index])
+            variable.assign(placement.part(np.asarray(values[index]), 0, 1))
             continue
+        # Every worker's part has the shape of this one's (a table's shards
+        # differ in rows only): the whole part goes to its worker as rows.
         empty = np.zeros((0, *variable.shape[1:]), variable.dtype)
         for target in range(size):
             splits = [0] * size
             if rank == 0:
-                sending = np.asarray(tables[index][placement.owned_rows(target, size)],
-                                     variable.dtype)
+                sending = np.ascontiguousarray(placement.part(
+                    np.asarray(values[index]), target, size), variable.dtype)
                 splits[target] = len(sending)
             else:
                 sending = empty
@@ -156,3 +219,35 @@ def scatter(variables, tables, name="hvdtrain.shards"):
                                        name=f"{name}.scatter.{index}.{target}")
             if rank == target:
                 variable.assign(received)
+
+
+def replicated_copy(model):
+    """`model` (a functional or Sequential model) with each layer whose
+    weights are split across workers (a layer with a `plain_layer()`: the
+    Keras layer it is, whole) replaced by that plain layer holding the whole
+    weights, for serving without hvdtrain. Call it on every worker (the
+    parts are gathered); the copy, uncompiled, exists on rank 0 only.
+
+    Returns:
+        The copy on rank 0, None on the other ranks; `model` itself if it
+        has no such layer.
+    """
+    if not any(hasattr(layer, "plain_layer") for layer in model.layers):
+        return model
+    weights = model.weights
+    whole = gather(weights, weights, name="hvdtrain.export")
+    if hvd.rank() != 0:
+        return None
+    values = {id(weight): np.asarray(keras.ops.convert_to_numpy(value))
+              for weight, value in zip(weights, whole)}
+
+    def clone(layer):
+        if hasattr(layer, "plain_layer"):
+            return layer.plain_layer()
+        return layer.__class__.from_config(layer.get_config())
+
+    copy = keras.models.clone_model(model, clone_function=clone)
+    for layer in model.layers:   # cloned layers keep their names (the inputs' are new)
+        if layer.weights:
+            copy.get_layer(layer.name).set_weights([values[id(w)] for w in layer.weights])
+    return copy

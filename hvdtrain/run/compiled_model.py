@@ -6,6 +6,7 @@ that a checkpoint's variables fit either."""
 import horovod.tensorflow as hvd
 import keras
 
+from hvdtrain import layout
 from hvdtrain.config import CLIPPING, OPTIMIZERS
 from hvdtrain.errors import UsageError
 from hvdtrain.parallel import collectives, sharding
@@ -42,10 +43,10 @@ def _check_the_same_on_every_rank(model, recipe_name):
     layouts = hvd.allgather_object(
         [(v.path, tuple(sharding.logical_shape(v)), str(v.dtype)) for v in model.weights],
         name="hvdtrain.model_layout")
-    for rank, layout in enumerate(layouts):
-        if layout != layouts[0]:
+    for rank, theirs in enumerate(layouts):
+        if theirs != layouts[0]:
             raise UsageError(f"recipe {recipe_name} builds different models on ranks 0 and "
-                             f"{rank} ({_difference(layouts[0], layout, rank)}); build_model "
+                             f"{rank} ({_difference(layouts[0], theirs, rank)}); build_model "
                              "must build the same model on every rank, from the config alone")
 
 
@@ -85,16 +86,17 @@ def compile_model(model, recipe, config):
     training with `config`'s optimizer, reduction and XLA settings.
 
     Returns:
-        `model`, compiled with a `DistributedOptimizer` whose rate is
-        `config.learning_rate` scaled by the number of workers.
+        `model`, compiled with a `DistributedOptimizer` that reduces over
+        the data-parallel replicas, whose rate is `config.learning_rate`
+        scaled by their number (the workers', without tensor parallelism).
     """
     optimizer = DistributedOptimizer(
-        keras_optimizer(config, config.learning_rate * hvd.size()),
+        keras_optimizer(config, config.learning_rate * layout.data_size()),
         compression=getattr(Compression, config.compression),
         sparse_as_dense=config.sparse_as_dense,
         groups=config.allreduce_groups or None,
         backward_passes_per_step=config.backward_passes_per_step,
-        average_aggregated_gradients=True)
+        average_aggregated_gradients=True, process_set=layout.data_set())
     # A Metric class is made here: made at import, its variables would start
     # TensorFlow before runtime.init sets its threads.
     metrics = [m() if isinstance(m, type) else m for m in recipe.metrics]

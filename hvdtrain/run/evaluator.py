@@ -20,7 +20,7 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from hvdtrain import runtime
+from hvdtrain import layout, runtime
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.callbacks import ExactEvaluation
 from hvdtrain.config import TrainConfig
@@ -87,7 +87,8 @@ def evaluate(config, split=VALIDATION, checkpoint_name=None, output=None, recipe
     model_dir = pathlib.Path(config.model_dir
                              or model_dir_lib.DEFAULT_PARENT / recipe_lib.get(config.recipe).name)
     runtime.init(config.intra_op_threads, config.inter_op_threads,
-                 stall_timeout=config.stall_timeout, verbose_all_ranks=config.verbose_all_ranks)
+                 stall_timeout=config.stall_timeout, verbose_all_ranks=config.verbose_all_ranks,
+                 tensor_parallel=config.tensor_parallel)
     try:
         return _evaluate(config, model_dir, split, checkpoint_name, output, recipe_given)
     finally:
@@ -145,13 +146,13 @@ def _evaluate(given, model_dir, split, checkpoint_name, output, recipe_given):
             raise
         raise reason from None
     metrics = {name: float(value) for name, value in metrics.items()}
-    result = Evaluation(source, split, metrics, data.examples, hvd.size(), path)
+    result = Evaluation(source, split, metrics, data.examples, layout.data_size(), path)
     error = None
     if runtime.is_main_process():
         try:
             atomic_files.write_whole(path, json.dumps(dict(
                 source=str(source), split=split, recipe=config.recipe, examples=data.examples,
-                workers=hvd.size(), batch_size=config.batch_size, metrics=metrics),
+                workers=layout.data_size(), batch_size=config.batch_size, metrics=metrics),
                 indent=1) + "\n")
         except OSError as e:
             # Checked at the start, and yet (a full disk): the metrics are not lost.
@@ -226,7 +227,7 @@ def _settings(given, recorded, source, recipe_given):
     # What evaluating may change; the rest (model, optimizer, precision) is the run's.
     return run.override(**{name: getattr(given, name) for name in (
         "batch_size", "data_dir", "intra_op_threads", "inter_op_threads", "model_dir",
-        "verbose_all_ranks")}).override(jit_compile=False)
+        "tensor_parallel", "verbose_all_ranks")}).override(jit_compile=False)
 
 
 def _split_loader(recipe, split):

@@ -3,6 +3,7 @@ model and optimizer -> checkpoint to resume from -> fit with callbacks ->
 rank 0's exports."""
 
 import dataclasses
+import math
 import pathlib
 import sys
 import typing
@@ -12,7 +13,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from hvdtrain import callbacks, layers, runtime, schedules
+from hvdtrain import callbacks, layers, layout, runtime, schedules
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.data import input_errors
 from hvdtrain.errors import TrainingError, UsageError
@@ -23,7 +24,7 @@ from hvdtrain.run import compiled_model, fit
 from hvdtrain.state import checkpoint, elastic, export, run_lock, training_state
 from hvdtrain.state.model_dir import DEFAULT_PARENT, check_usable
 from hvdtrain.state.training_state import Position
-from hvdtrain.tools import throughput
+from hvdtrain.tools import flops, throughput
 
 __all__ = ["TrainResult", "train"]
 
@@ -90,7 +91,8 @@ def train(config):
     check_usable(model_dir)
     runtime.init(config.intra_op_threads, config.inter_op_threads, precision=config.precision,
                  stall_timeout=config.stall_timeout, timeline=bool(config.timeline_steps),
-                 verbose_all_ranks=config.verbose_all_ranks)
+                 verbose_all_ranks=config.verbose_all_ranks,
+                 tensor_parallel=config.tensor_parallel)
     if _stops_cleanly(config):
         preemption.install(preemption.parse_signals(config.preemption_signals))
     try:
@@ -119,10 +121,11 @@ def _train(config, recipe, model_dir):
     model = compiled_model.build(recipe, config)
 
     if elastic.launched():
-        if sharding.has_shards(model):
-            raise UsageError("elastic mode cannot reshard tables split across workers "
-                             "(ShardedEmbedding) when workers come and go; run with a fixed -np, "
-                             "--resume reshards them at another number of workers")
+        if sharding.has_shards(model) or layout.tensor_size() > 1:
+            raise UsageError("elastic mode cannot reshard weights split across workers "
+                             "(ShardedEmbedding, tensor-parallel layers) when workers come and "
+                             "go; run with a fixed -np, --resume reshards them at another "
+                             "number of workers")
         state = elastic.KerasState(model, position=None, kept_states={})
         result = elastic.run(_train_from)(state, model, recipe, config, model_dir)
     else:
@@ -173,9 +176,14 @@ def _train_from(state, model, recipe, config, model_dir, vote=None):
     splits = recipe.make_splits(config)
     train_data, validation_data = splits.train, splits.validation
     steps = train_data.steps
-    logging.info("%d workers x batch %d = global batch %d; %d steps per epoch; "
+    replicas = layout.data_size()
+    if layout.tensor_size() > 1:
+        logging.info("%d workers = %d data-parallel replicas x %d tensor-parallel ranks",
+                     hvd.size(), replicas, layout.tensor_size())
+    logging.info("%d %s x batch %d = global batch %d; %d steps per epoch; "
                  "%d of %d training examples left out each epoch",
-                 hvd.size(), config.batch_size, hvd.size() * config.batch_size,
+                 replicas, "replicas" if layout.tensor_size() > 1 else "workers",
+                 config.batch_size, replicas * config.batch_size,
                  steps, train_data.dropped, train_data.examples)
 
     checkpoints = model_dir / "checkpoints"
@@ -183,12 +191,12 @@ def _train_from(state, model, recipe, config, model_dir, vote=None):
     watchdog.progress("finding where to start")
     start = _starting_point(state, model, config, checkpoints, steps)
     epoch, step = start.epoch, start.step
-    learning_rate = config.learning_rate * hvd.size()
-    if start.workers not in (None, hvd.size()) and epoch + step / steps >= config.warmup_epochs:
+    learning_rate = config.learning_rate * replicas
+    if start.workers not in (None, replicas) and epoch + step / steps >= config.warmup_epochs:
         # Past warm-up the rate stands where the schedule left it, scaled for
-        # the workers then: rescale it for the workers there are now.
+        # the replicas then: rescale it for the replicas there are now.
         model.optimizer.learning_rate = (float(model.optimizer.learning_rate)
-                                         * hvd.size() / start.workers)
+                                         * replicas / start.workers)
     _check_watched_metric(config, validation_data)
     _check_step_windows(config, steps, epoch * steps + step)
     started = _callbacks(state, vote, config, model_dir, learning_rate, steps,
@@ -216,10 +224,19 @@ def _train_from(state, model, recipe, config, model_dir, vote=None):
     measurement = started.meter.run_measurement
     if runtime.is_main_process():
         throughput.log(measurement, recipe.unit)
+        if measurement is not None and recipe.tokens_per_example is not None:
+            logging.info("throughput: %s", flops.describe(
+                measurement.total.mean * recipe.tokens_per_example(config),
+                _parameters(model), hvd.size(), runtime.device_name(), config.precision))
     return TrainResult(model, history, model_dir / export.KERAS_FILE,
                        model_dir / export.SAVED_MODEL_DIR, started.meter.seconds, (epoch, step),
                        started.saver.seconds if started.saver else [],
                        measurement)
+
+
+def _parameters(model):
+    """The whole model's trainable parameters (of every part of split weights)."""
+    return sum(math.prod(sharding.logical_shape(v)) for v in model.trainable_weights)
 
 
 def _close_summaries(ordered):
@@ -307,8 +324,9 @@ def _callbacks(state, vote, config, model_dir, learning_rate, steps, validation_
     `kept_states`: the states of those that keep one (callbacks.KeptState),
     where the run stands."""
     kept_states = kept_states or {}
-    meter = callbacks.Throughput(config.batch_size, config.throughput_warmup_steps,
-                                 config.throughput_window_steps)
+    # The ranks of a replica share its batch: each counts its share.
+    meter = callbacks.Throughput(config.batch_size / layout.tensor_size(),
+                                 config.throughput_warmup_steps, config.throughput_window_steps)
     chosen = [meter, callbacks.WatchdogProgress(), callbacks.BroadcastInitialState(root_rank=0),
               callbacks.AverageMetrics(),
               callbacks.RunLog(model_dir, meter, config, start, resumed)]

@@ -45,8 +45,9 @@ def jit_compile(model):
     Raises:
         UsageError: If the model is not compiled, compiled with
             jit_compile=True (which would put the collectives inside XLA),
-            or has tables sharded across workers (whose lookups are
-            collectives inside the forward pass).
+            or has tables sharded across workers or tensor-parallel layers
+            (whose lookups and exchanges are collectives inside the forward
+            pass).
     """
     if not model.compiled:
         raise UsageError("jit_compile(model): compile the model first "
@@ -54,8 +55,10 @@ def jit_compile(model):
     if model.jit_compile:
         raise UsageError("jit_compile(model): compile the model with jit_compile=False; this "
                          "compiles all of its train step but Horovod's collectives")
-    if sharding.has_shards(model):
+    if sharding.has_rows_sharded(model):
         raise UsageError(f"jit_compile(model): {sharding.NO_XLA}")
+    if sharding.has_shards(model):
+        raise UsageError(f"jit_compile(model): {sharding.NO_XLA_TENSOR_PARALLEL}")
     model.train_step = _CompiledTrainStep(model)
     optimizer_lib.compile_updates(model.optimizer)
     model.train_function = None   # Keras traces the step again at the next fit

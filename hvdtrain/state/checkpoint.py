@@ -42,7 +42,7 @@ import keras
 import numpy as np
 from absl import logging
 
-from hvdtrain import runtime
+from hvdtrain import layout, runtime
 from hvdtrain.errors import UsageError
 from hvdtrain.parallel import collectives, sharding
 from hvdtrain.state import atomic_files
@@ -311,13 +311,15 @@ def restore(model, directory, config, steps):
         logging.info("no checkpoint in %s: training from the start", directory)
         return 0, 0, None, {}
     sharding.scatter(training_variables(model), values, name="hvdtrain.restore")
-    epoch, step = continue_at(saved, steps, hvd.size(), config.batch_size)
-    going_on = Position(epoch, step, steps, hvd.size(), config.batch_size)
-    if (saved.workers, saved.batch_size) != (hvd.size(), config.batch_size):
+    # Counted in data-parallel replicas: the workers, without tensor parallelism.
+    replicas = layout.data_size()
+    epoch, step = continue_at(saved, steps, replicas, config.batch_size)
+    going_on = Position(epoch, step, steps, replicas, config.batch_size)
+    if (saved.workers, saved.batch_size) != (replicas, config.batch_size):
         logging.info("the checkpoint was written by %d workers x batch %d after %s; now %d x "
                      "%d: learning rate scaled for %d workers, steps recomputed, going on "
-                     "after %s", saved.workers, saved.batch_size, saved.describe(), hvd.size(),
-                     config.batch_size, hvd.size(), going_on.describe())
+                     "after %s", saved.workers, saved.batch_size, saved.describe(), replicas,
+                     config.batch_size, replicas, going_on.describe())
     if found:
         logging.info("resuming from %s, after %s", found.path, going_on.describe())
     return epoch, step, saved.workers, states

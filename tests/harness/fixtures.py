@@ -11,8 +11,8 @@ from absl import logging
 
 from harness import launches
 
-__all__ = ["controller", "keras_state_reset", "process_state_restored", "pytest_generate_tests",
-           "ranked_launch", "shared_tmp_path"]
+__all__ = ["controller", "keras_state_reset", "layout_reset", "process_state_restored",
+           "pytest_generate_tests", "ranked_launch", "shared_tmp_path"]
 
 # rank_main.py tells the tests where the launch keeps its files, and the
 # dispatcher where its session keeps what every launch may share.
@@ -68,3 +68,13 @@ def keras_state_reset():
     yield
     keras.mixed_precision.set_global_policy("float32")
     keras.utils.clear_session()
+
+
+@pytest.fixture(autouse=True)
+def layout_reset():
+    """Each test ends with every worker its own replica again (a test or the
+    hvdtrain command it ran may have arranged tensor-parallel groups)."""
+    yield
+    from hvdtrain import layout
+
+    layout.arrange(1)

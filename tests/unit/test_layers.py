@@ -19,9 +19,10 @@ ARCHITECTURE = pathlib.Path(__file__).parents[2] / "docs" / "architecture.md"
 LAYERS = (                                   # lowest first
     ("errors",),
     ("faults",),                             # the watchdog, the launcher watch, preemption
+    ("layout",),                             # which worker does what: replicas, groups
     ("runtime",),                            # one Horovod worker
     ("parallel", "tools"),                   # collectives and placement; doctor, report, ...
-    ("parallel.embedding",),                 # tables sharded by rows
+    ("parallel.embedding", "parallel.tensor"),  # tables sharded by rows; split layers
     ("parallel.data",),                      # the optimizer, over every strategy's gradients
     ("datasets",),                           # TFDS datasets built locally, once
     ("data", "state", "schedules"),

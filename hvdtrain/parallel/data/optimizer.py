@@ -313,12 +313,23 @@ class _DistributedMixin:
         Register before the first step: the train step reads these when traced."""
         self._hvd_local.add(var)
 
+    def add_variable_from_reference(self, reference_variable, *args, **kwargs):
+        # A slot (or accumulator, or moving average) of a part of a
+        # tensor-parallel weight is that part of the whole weight's slot:
+        # checkpoints gather and reshard it with the weight.
+        variable = super().add_variable_from_reference(reference_variable, *args, **kwargs)
+        placement = sharding.placement_of(reference_variable)
+        if (isinstance(placement, sharding.TensorSplit)
+                and tuple(variable.shape) == tuple(reference_variable.shape)):
+            sharding.mark(variable, placement)
+        return variable
+
     def build(self, variables):
         variables = list(variables)
-        shards = [v for v in variables if sharding.is_sharded(v)]
+        shards = [v for v in variables if sharding.is_rows_sharded(v)]
         if shards:
             sparse_updates.check(self, self._hvd_passes > 1)
-            variables = [v for v in variables if not sharding.is_sharded(v)]
+            variables = [v for v in variables if not sharding.is_rows_sharded(v)]
         super().build(variables)
         # Positions, not the variables: Keras tracks variables kept on an
         # optimizer as its own state (they would be saved with it).
@@ -345,7 +356,7 @@ class _DistributedMixin:
         variables = list(trainable_variables if trainable_variables is not None
                          else self._trainable_variables)
         grads = list(grads)
-        if any(sharding.is_sharded(v) for v in variables):
+        if any(sharding.is_rows_sharded(v) for v in variables):
             return self._apply_with_shards(grads, variables)
         if self._hvd_passes == 1:
             self._exchange_with_the_gradients()
@@ -356,14 +367,14 @@ class _DistributedMixin:
     def _apply_with_shards(self, grads, variables):
         """Reduces and applies the replicated variables' gradients; applies
         each shard's own, averaged, to its looked-up rows."""
-        replicated = [(g, v) for g, v in zip(grads, variables) if not sharding.is_sharded(v)]
+        replicated = [(g, v) for g, v in zip(grads, variables) if not sharding.is_rows_sharded(v)]
         self._exchange_with_the_gradients()
         reduced = self._hvd_reducer([g for g, _ in replicated], [v for _, v in replicated],
                                     self._hvd_local)
         average = 1.0 / self._hvd_reducer.size() if (
             self._hvd_reducer.op == hvd.Average) else 1.0
         for grad, variable in zip(grads, variables):
-            if grad is not None and sharding.is_sharded(variable):
+            if grad is not None and sharding.is_rows_sharded(variable):
                 (grad,) = _summed_duplicates([grad])
                 sparse_updates.update(
                     self, tf.IndexedSlices(grad.values * average, grad.indices), variable,

@@ -28,7 +28,7 @@ from hvdtrain.errors import MODEL_INPUT, UsageError
 from hvdtrain.parallel import collectives, sharding
 from hvdtrain.parallel.embedding import memory
 
-__all__ = ["PLACEMENTS", "ShardedEmbedding", "replicated_copy"]
+__all__ = ["PLACEMENTS", "ShardedEmbedding"]
 
 PLACEMENTS = ("rows", "table")
 # Per id and destination: [the sender has a bad id, that id]; sent with the
@@ -112,6 +112,11 @@ class ShardedEmbedding(keras.layers.Layer):
                 "owner": self.owner, "mask_zero": self.mask_zero,
                 "embeddings_initializer": keras.initializers.serialize(
                     self.embeddings_initializer)}
+
+    def plain_layer(self):
+        """The `keras.layers.Embedding` this layer is, whole (for export)."""
+        return keras.layers.Embedding(self.input_dim, self.output_dim, mask_zero=self.mask_zero,
+                                      name=self.name)
 
     def _rows_of(self, unique):
         """The table's rows for `unique` ids, from the workers that own them."""
@@ -211,36 +216,3 @@ def _exchange(vectors, counts, name):
         return returned, backward
 
     return exchange(vectors)
-
-
-def replicated_copy(model):
-    """`model` (a functional or Sequential model) with each of its
-    ShardedEmbedding layers replaced by a `keras.layers.Embedding` holding
-    the whole table, for serving without hvdtrain. Call it on every worker
-    (the tables are gathered); the copy, uncompiled, exists on rank 0 only.
-
-    Returns:
-        The copy on rank 0, None on the other ranks; `model` itself if it has
-        no sharded table.
-    """
-    sharded = [layer for layer in model.layers if isinstance(layer, ShardedEmbedding)]
-    if not sharded:
-        return model
-    tables = sharding.gather([layer.embeddings for layer in sharded],
-                             [layer.embeddings for layer in sharded], name="hvdtrain.export")
-    if hvd.rank() != 0:
-        return None
-    whole = {id(layer): table for layer, table in zip(sharded, tables)}
-
-    def clone(layer):
-        if not isinstance(layer, ShardedEmbedding):
-            return layer.__class__.from_config(layer.get_config())
-        return keras.layers.Embedding(layer.input_dim, layer.output_dim,
-                                      mask_zero=layer.mask_zero, name=layer.name,
-                                      weights=[whole[id(layer)]])
-
-    copy = keras.models.clone_model(model, clone_function=clone)
-    for layer in model.layers:   # cloned layers keep their names (the inputs' are new)
-        if layer.weights and not isinstance(layer, ShardedEmbedding):
-            copy.get_layer(layer.name).set_weights(layer.get_weights())
-    return copy
