@@ -1,9 +1,10 @@
-"""hvdtrain: data-parallel training of Keras 3 models with Horovod, and tables
-sharded across the workers where data parallelism alone breaks (hvdtrain.layers).
+"""hvdtrain: data-parallel training of Keras 3 models with Horovod, and where
+data parallelism alone breaks, tables sharded across the workers and layers
+split over tensor-parallel ranks (hvdtrain.layers).
 
 Each folder is one concept, lowest first: faults (the watchdog, preemption),
-tools (doctor, report, throughput), parallel (the strategies: data/,
-embedding/), data (input pipelines), state (position, checkpoints, export),
+layout.py (which worker does what: replicas and groups), tools (doctor,
+report, throughput), parallel (the strategies: data/, embedding/, tensor/), data (input pipelines), state (position, checkpoints, export),
 callbacks, run (the trainer, the evaluator); keras and layers are public
 facades, and cli.py, config.py, recipe.py the command line and its settings. A package's
 docstring says what may depend on it; tests/unit/test_layers.py holds the table.

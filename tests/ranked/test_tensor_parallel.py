@@ -20,7 +20,11 @@ All cases run in the suite's shared launches (np=2 under both controllers,
 np=4 under Gloo); each arranges its groups in-process (hvdtrain.layout).
 """
 
+import os
 import re
+import signal
+import threading
+import time
 
 import horovod.tensorflow as hvd
 import keras
@@ -29,6 +33,7 @@ import pytest
 import tensorflow as tf
 
 from hvdtrain import layout
+from hvdtrain.faults.preemption import Preempted
 from hvdtrain.layers import (ColumnParallelDense, ParallelMultiHeadAttention, RowParallelDense,
                              VocabParallelEmbedding, VocabParallelSparseCategoricalCrossentropy,
                              set_whole_weights)
@@ -130,7 +135,7 @@ def train_both(build, data, labels, loss, split_loss, tensor_parallel, optimizer
     return whole, split, start
 
 
-def assert_parts_equal(whole, split, start, tolerance):
+def assert_parts_equal(whole, split, start, tolerance, moved_past=1000):
     moved = 0.0
     for reference, part, initial in zip(whole.weights, split.weights, start):
         placement = sharding.placement_of(part)
@@ -142,7 +147,7 @@ def assert_parts_equal(whole, split, start, tolerance):
         moved = max(moved, float(np.abs(reference.numpy() - initial).max()))
     # Training moved the weights well past the tolerance: they agree because
     # both trained alike, not because neither moved.
-    assert moved > 1000 * tolerance
+    assert moved > moved_past * tolerance
 
 
 SGD = lambda: keras.optimizers.SGD(0.1, momentum=0.9)  # noqa: E731
@@ -235,7 +240,7 @@ def gpt(tensor_parallel):
     return gpt_recipe.build_model(config)
 
 
-def check_gpt(tensor_parallel):
+def check_gpt(tensor_parallel, tolerance=2e-6, moved_past=1000):
     from hvdtrain.recipes import gpt as gpt_recipe
 
     examples = BATCH * hvd.size() // tensor_parallel * STEPS
@@ -244,7 +249,7 @@ def check_gpt(tensor_parallel):
         lambda is_split: gpt(tensor_parallel if is_split else 1),
         train[:, :-1], train[:, 1:], gpt_recipe.RECIPE.loss, gpt_recipe.RECIPE.loss,
         tensor_parallel, SGD)
-    assert_parts_equal(whole, split, start, 2e-6)
+    assert_parts_equal(whole, split, start, tolerance, moved_past)
 
 
 @pytest.mark.parametrize("tensor_parallel", LAYOUTS)
@@ -256,6 +261,35 @@ def test_a_two_block_gpt_trains_as_the_unsplit_one(tensor_parallel):
 @pytest.mark.parametrize("tensor_parallel", WIDER)
 def test_a_two_block_gpt_trains_as_the_unsplit_one_over_replicas(tensor_parallel):
     check_gpt(tensor_parallel)
+
+
+@pytest.mark.launches(controllers=("mpi",))
+def test_a_gpt_computing_in_bfloat16_trains_as_the_unsplit_one():
+    # Horovod carries no bfloat16: the split layers reduce in float32 and
+    # gather 16-bit patterns; the two models differ by bfloat16's round-off.
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    check_gpt(2, tolerance=5e-3, moved_past=10)
+
+
+@pytest.mark.launches(np=4)
+def test_dropout_draws_a_stream_per_tensor_parallel_rank_inside_the_split_region():
+    from hvdtrain.parallel import collectives
+
+    layout.arrange(2)
+    keras.utils.set_random_seed(1)
+    query = keras.Input((6, 8))
+    inside = ParallelMultiHeadAttention(2, 4, dropout=0.5, name="attention")
+    outside = keras.layers.Dropout(0.5, name="residual_dropout")
+    model = keras.Model(query, outside(inside(query, query)))
+    collectives.broadcast_variables(model.variables)   # as training starts
+    kept = gathered((inside._drop(tf.ones((2, 2, 6, 6))).numpy() > 0,
+                     outside(tf.ones((2, 6, 8)), training=True).numpy() > 0))
+    # Ranks 0 and 2 are tensor-parallel rank 0 of replicas 0 and 1, 1 and 3 rank 1.
+    assert not np.array_equal(kept[0][0], kept[1][0])
+    np.testing.assert_array_equal(kept[0][0], kept[2][0])
+    np.testing.assert_array_equal(kept[1][0], kept[3][0])
+    for rank in range(1, 4):   # outside: the same stream everywhere
+        np.testing.assert_array_equal(kept[0][1], kept[rank][1])
 
 
 # The recipe's command-line runs: small, 2 epochs.
@@ -323,6 +357,46 @@ def test_resumes_exactly_and_in_another_layout(shared_tmp_path, capfd):
         for a, b in zip(straight.weights, exported(shared_tmp_path / "resumed").weights):
             np.testing.assert_array_equal(a.numpy(), b.numpy(),
                                           err_msg=f"T={tensor_parallel}: {a.path}")
+
+    # Preempted: a signal to rank 1 in the second epoch stops both ranks of
+    # the replica at the same step, with a checkpoint that resumes exactly.
+    # (In this process, by the library: the command's exit would end the launch.)
+    from hvdtrain import recipe, train as train_in_process
+
+    preempted = shared_tmp_path / "preempted"
+    config = recipe.make_config(
+        "gpt", options={"train_sequences": 2048, "validation_sequences": 256},
+        model_dir=str(preempted), tensor_parallel=2, epochs=2, intra_op_threads=1,
+        deterministic=True)
+    handlers = {number: signal.getsignal(number) for number in STOPS}
+    signal_in_the_second_epoch(preempted / "checkpoints" / "epoch-0001-step-000064")
+    try:
+        with pytest.raises(Preempted) as stopped:
+            train_in_process(config)
+    finally:
+        for number, handler in handlers.items():   # a stopped run leaves them ignored
+            signal.signal(number, handler)
+    where = gathered(re.search(r"after (epoch 2, step \d+)", str(stopped.value)).group(1))
+    assert where[0] == where[1], where
+    train(capfd, preempted, "--tensor_parallel=2", "--epochs=2", "--resume")
+    for a, b in zip(straight.weights, exported(preempted).weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=f"preempted: {a.path}")
+
+
+STOPS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+def signal_in_the_second_epoch(first_checkpoint):
+    """On rank 1: SIGUSR1 to this process once the first epoch's checkpoint exists."""
+    if hvd.rank() != 1:
+        return
+
+    def send():
+        while not first_checkpoint.exists():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    threading.Thread(target=send, daemon=True).start()
 
 
 @pytest.mark.slow
