@@ -13,7 +13,10 @@ It runs, in order:
      (--jit_compile) against without, on one GPU;
   3. the demo (`make demo`'s job) at np = the GPUs of this node;
   4. wide_and_deep with its tables sharded across those GPUs
-     (--option=embeddings=sharded: lookups by NCCL's alltoall), small.
+     (--option=embeddings=sharded: lookups by NCCL's alltoall), small;
+  5. the gpt recipe with --tensor_parallel=2 over those GPUs (NCCL's
+     allreduces inside every layer), with its tokens/s and model FLOPs
+     utilisation; skipped on a node of one GPU.
 Each step's verdict is in the JSON; the exit status is 0 only if all passed.
 """
 
@@ -46,6 +49,10 @@ SHARDED = ["--recipe=wide_and_deep", "--option=embeddings=sharded", "--option=ta
            "--option=synthetic_examples=16000", "--epochs=2", "--optimizer=sgd", "--momentum=0",
            "--learning_rate=0.3"]
 SHARDED_AUC = 0.65
+# The gpt recipe's bar (tests/ranked/test_tensor_parallel.py): the validation
+# loss this share of the way from the achievable loss to the unigram baseline.
+TENSOR_PARALLEL_TINY = ["--epochs=1", "--option=train_sequences=1024"]
+GPT_SHARE = 0.3
 
 
 def check_doctor():
@@ -99,6 +106,28 @@ def check_sharded(workers, model_dir):
     return dict(ok=not problems, problems=problems, **found)
 
 
+def check_tensor_parallel(workers, model_dir):
+    if workers < 2:
+        return dict(ok=True, problems=[], skipped="one GPU: no replica of 2 ranks")
+    sizes = TENSOR_PARALLEL_TINY if FLAGS.tiny else []
+    found, result = _train(workers, ["--recipe=gpt", "--tensor_parallel=2",
+                                     f"--model_dir={model_dir}", *sizes])
+    loss = re.search(r"val_loss (\d+\.\d+)", result.stdout)
+    bounds = re.search(r"unigram baseline (\d+\.\d+), achievable (\d+\.\d+)", result.stderr)
+    utilisation = re.search(r"throughput: ([\d,]+ tokens/s.*)", result.stderr)
+    found.update(val_loss=loss and float(loss.group(1)),
+                 model_flops=utilisation and utilisation.group(1))
+    problems = []
+    if result.returncode != 0 or loss is None or bounds is None:
+        problems.append(_last_line(result))
+    else:
+        unigram, achievable = map(float, bounds.groups())
+        bar = unigram if FLAGS.tiny else achievable + GPT_SHARE * (unigram - achievable)
+        if found["val_loss"] >= bar:
+            problems.append(f"val_loss {found['val_loss']} >= {bar:.3f}")
+    return dict(ok=not problems, problems=problems, **found)
+
+
 def _train(workers, args):
     """({workers, command, per_second, unit}, the run) of `hvdtrain train`
     with `args` at np=`workers`."""
@@ -126,7 +155,9 @@ def main(argv):
                  ("resnet50", lambda: check_resnet50(pathlib.Path(scratch) / "resnet50.json")),
                  # One process per GPU; two on a machine without one.
                  ("demo", lambda: check_demo(gpus or 2, pathlib.Path(scratch) / "demo")),
-                 ("sharded", lambda: check_sharded(gpus or 2, pathlib.Path(scratch) / "sharded"))]
+                 ("sharded", lambda: check_sharded(gpus or 2, pathlib.Path(scratch) / "sharded")),
+                 ("tensor", lambda: check_tensor_parallel(gpus or 2,
+                                                          pathlib.Path(scratch) / "tensor"))]
         for name, step in steps:
             began = time.perf_counter()
             results[name] = step()

@@ -36,7 +36,6 @@ import keras
 import numpy as np
 from absl import logging
 
-from hvdtrain import runtime
 from hvdtrain.config import POSITIVE, Range
 from hvdtrain.data import from_arrays
 from hvdtrain.errors import UsageError
@@ -104,14 +103,15 @@ def synthetic_corpus(vocab, successors, length, train_sequences, validation_sequ
 def shakespeare_corpus(config):
     """(train, validation) byte arrays of TFDS tiny_shakespeare, cut into
     sequences of sequence_length + 1."""
+    import tensorflow_datasets as tfds
+
     from hvdtrain.data.tfds_source import prepare
 
-    with runtime.main_process_first():
-        builder = prepare(SHAKESPEARE, config.data_dir)
+    builder = prepare(SHAKESPEARE, config.data_dir)   # rank 0 downloads it, once
     length = config.options["sequence_length"] + 1
     splits = []
     for split in ("train", "validation"):
-        text = b"".join(example["text"] for example in builder.as_data_source(split))
+        text = b"".join(example["text"] for example in tfds.as_numpy(builder.as_dataset(split)))
         tokens = np.frombuffer(text, np.uint8).astype(np.int32)
         splits.append(tokens[:len(tokens) // length * length].reshape(-1, length))
     return splits

@@ -1,9 +1,10 @@
 """bench/allreduce_bandwidth.py, np1_overhead.py, weak_scaling.py,
-startup.py, preemption.py, step_options.py and sharded_embeddings.py at tiny
-sizes: each runs and writes the JSON its report is made from, with positive
-times and its ratios computed. Their numbers mean nothing at these sizes, so
-the seven run at once (the first test waits); the memory and bytes
-sharded_embeddings.py counts do not depend on speed, and are checked.
+startup.py, preemption.py, step_options.py, sharded_embeddings.py and
+tensor_parallel.py at tiny sizes: each runs and writes the JSON its report
+is made from, with positive times and its ratios computed. Their numbers
+mean nothing at these sizes, so the eight run at once (the first test
+waits); the memory and bytes sharded_embeddings.py and tensor_parallel.py
+count do not depend on speed, and are checked.
 Own launches: each benchmark starts the jobs it measures itself."""
 
 import json
@@ -28,6 +29,9 @@ FLAGS = {
                      "--warmup_steps=2", "--window_steps=3"],
     "sharded_embeddings": ["--rows_log2=10,12", "--epochs=3", "--steps=4", "--batch_size=8",
                            "--width=4", "--warmup_steps=1", "--window_steps=1"],
+    "tensor_parallel": ["--d_model=16", "--layers=3", "--heads=2", "--mlp_dim=32",
+                        "--vocab_size=32", "--sequence_length=8", "--global_batch=4",
+                        "--epochs=3", "--steps=4", "--warmup_steps=1", "--window_steps=1"],
 }
 
 
@@ -178,3 +182,25 @@ def test_sharded_embeddings(outputs):
         assert r["bytes_sent"]["replicated_adam"] == 8 * 26 * (4 * 4 + 8)
         assert 0 < r["bytes_sent"]["sharded_adam"] < 8 * 26 * (8 + 2 * 4 * 4)
 
+
+
+def test_tensor_parallel(outputs):
+    r = load(outputs["tensor_parallel"])
+    assert r["workers"] == 2
+    first = r["rates"]["data_parallel"]
+    assert len(first) == 2 and all(rate > 0 for rate in first)
+    assert r["ratio"]["tensor_parallel"] == pytest.approx(statistics.median(
+        [a / b for a, b in zip(r["rates"]["tensor_parallel"], first)]))
+    # Each rank holds half of every split weight and of its two AdamW moments;
+    # the layer norms, positions and the row-parallel biases stay whole.
+    assert r["split_bytes"]["tensor_parallel"] * 2 == r["split_bytes"]["data_parallel"]
+    whole = r["bytes"]["data_parallel"] - r["split_bytes"]["data_parallel"]
+    assert r["bytes"]["tensor_parallel"] - r["split_bytes"]["tensor_parallel"] == whole > 0
+    # Megatron-LM's 4 allreduces of batch x sequence x d_model per block,
+    # 2 more for the vocabulary-parallel embedding and head, as measured in
+    # Horovod's timeline; the loss exchanges 3 numbers per token.
+    exchanged = r["exchanged"]
+    assert exchanged["megatron"] == 12
+    assert exchanged["activations_per_step"] == pytest.approx(12 + 2)
+    assert exchanged["per_token_numbers"] == pytest.approx(3)
+    assert exchanged["bytes_per_step"] == pytest.approx(4 * (14 * 4 * 8 * 16 + 3 * 4 * 8))

@@ -1,6 +1,6 @@
-"""cifar10_resnet and text_transformer in one process: augmentation,
-tokenizer, models, and the embedding's sparse gradient through hvdtrain's
-optimizer."""
+"""cifar10_resnet, text_transformer and gpt in one process: augmentation,
+tokenizer, models, the embedding's sparse gradient through hvdtrain's
+optimizer, and gpt's corpora (TFDS bytes, the synthetic language)."""
 
 import numpy as np
 import pytest
@@ -171,3 +171,50 @@ def test_text_recipe_reads_reviews_as_token_ids(tmp_path):
     assert (tokens.numpy()[:, 0] == 1).all() and set(labels.numpy()) <= {0, 1}
     model = text_transformer.build_model(config)
     assert model(tokens).shape == (16, 2)
+
+
+def test_gpt_reads_tiny_shakespeare_as_bytes(tmp_path):
+    from hvdtrain.recipes import gpt
+
+    hvdtrain.init()
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n" * 20
+    tfds_data.write("tiny_shakespeare", tmp_path, {"train": [{"text": text}],
+                                                   "validation": [{"text": text[:400]}],
+                                                   "test": [{"text": text[:100]}]},
+                    files_per_split=1)
+    config = recipe.make_config("gpt", data_dir=str(tmp_path), batch_size=4, options=dict(
+        dataset="tiny_shakespeare", vocab_size=256, sequence_length=15))
+    splits = gpt.load_data(config)
+    assert splits.train.examples == len(text) // 16 and splits.validation.examples == 400 // 16
+    inputs, targets = next(iter(splits.validation.batches(0)))   # in order
+    sent = np.frombuffer(text[:32].encode(), np.uint8)
+    np.testing.assert_array_equal(inputs.numpy()[:2], [sent[:15], sent[16:31]])
+    np.testing.assert_array_equal(targets.numpy()[:2], [sent[1:16], sent[17:32]])
+
+
+def test_gpt_knows_its_synthetic_languages_baseline_and_floor():
+    from hvdtrain.recipes import gpt
+
+    train, validation, language = gpt.synthetic_corpus(64, 4, 32, 2048, 256, 0)
+    assert train.shape == (2048, 33) and validation.shape == (256, 33)
+    # Only the language's successors follow each token.
+    pairs = set(zip(train[:, 1:-1].ravel(), train[:, 2:].ravel()))
+    assert all(c in language.successors[b] for b, c in pairs)
+    unigram = gpt.unigram_cross_entropy(train, validation, 64)
+    floor = language.cross_entropy(validation)
+    assert 0.9 * np.log(64) < unigram <= np.log(64) + 0.01
+    assert 0.5 < floor < np.log(4)   # 4 successors, unequal chances
+    # An estimate of the language from its own training text does no better.
+    counts = np.ones((64, 64, 64))
+    np.add.at(counts, (train[:, :-2], train[:, 1:-1], train[:, 2:]), 1)
+    estimate = counts / counts.sum(-1, keepdims=True)
+    a, b, c = validation[:, :-2], validation[:, 1:-1], validation[:, 2:]
+    assert -np.log(estimate[a, b, c]).mean() > floor
+
+
+def test_gpt_refuses_sizes_its_split_layers_cannot_share():
+    for option, value in (("heads", 3), ("vocab_size", 129), ("mlp_dim", 255)):
+        options = {option: value, "d_model": 66} if option == "heads" else {option: value}
+        with pytest.raises(UsageError, match=f"--option={option}={value} does not split over "
+                                             "--tensor_parallel=2 ranks"):
+            recipe.make_config("gpt", options=options, tensor_parallel=2)
