@@ -79,11 +79,7 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
         # a stalled tensor from the response cache is reported a check later.
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS",
                               f"{max(1, min(stall_timeout / 4, 60)):.0f}")
-    if timeline:
-        recording = os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC")
-        if recording != "DYNAMIC":
-            raise UsageError(f"horovodrun already records a timeline to {recording} for the "
-                             "whole run; drop --timeline_steps or horovodrun's --timeline-filename")
+    recording = os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC") if timeline else None
     board = watchdog.Board.from_environment()
     if stall_timeout:
         # Well after Horovod's stall check (told stall_timeout), where that can act.
@@ -91,6 +87,12 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
     if tensor_parallel != 1 and process_sets is None:
         process_sets = "dynamic"
     hvd.init(comm=comm, process_sets=process_sets)
+    if recording not in (None, "DYNAMIC"):
+        # After init, which every rank reaches together: all of them say it
+        # before the launcher sees the first exit and stops the others.
+        watchdog.stop()
+        raise UsageError(f"horovodrun already records a timeline to {recording} for the "
+                         "whole run; drop --timeline_steps or horovodrun's --timeline-filename")
     # Before any TensorFlow op (the board's broadcast is one): they freeze both.
     gpu = pin_gpu()
     _set_threads(intra_op_threads or default_intra_op_threads(), inter_op_threads)

@@ -20,6 +20,7 @@ All cases run in the suite's shared launches (np=2 under both controllers,
 np=4 under Gloo); each arranges its groups in-process (hvdtrain.layout).
 """
 
+import json
 import os
 import re
 import signal
@@ -40,8 +41,8 @@ from hvdtrain.layers import (ColumnParallelDense, ParallelMultiHeadAttention, Ro
 from hvdtrain.parallel import sharding
 from hvdtrain.parallel.data.optimizer import DistributedOptimizer
 from hvdtrain.parallel.tensor import operators
-from launch import hvdtrain_command
-from ranked.support import gathered, merged
+from launch import horovodrun, hvdtrain_command
+from ranked.support import gathered, merged, on_rank_0
 
 SEQUENCE, WIDTH, VOCABULARY, BATCH, STEPS = 6, 8, 16, 4, 5
 
@@ -263,7 +264,7 @@ def test_a_two_block_gpt_trains_as_the_unsplit_one_over_replicas(tensor_parallel
     check_gpt(tensor_parallel)
 
 
-@pytest.mark.launches(controllers=("mpi",))
+@pytest.mark.launches(controllers=("gloo",))
 def test_a_gpt_computing_in_bfloat16_trains_as_the_unsplit_one():
     # Horovod carries no bfloat16: the split layers reduce in float32 and
     # gather 16-bit patterns; the two models differ by bfloat16's round-off.
@@ -297,6 +298,11 @@ SMALL = ["--recipe=gpt", "--intra_op_threads=1", "--option=train_sequences=2048"
          "--option=validation_sequences=256", "--deterministic"]
 
 
+# Resuming and resharding need no learning: a smaller model, shorter epochs.
+QUICK = ["--option=train_sequences=1024", "--option=validation_sequences=128",
+         "--option=layers=1", "--option=d_model=32", "--option=mlp_dim=64"]
+
+
 def train(capfd, model_dir, *args):
     result = merged(hvdtrain_command(capfd, "train", f"--model_dir={model_dir}", *SMALL, *args))
     assert result.status == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -326,6 +332,14 @@ def test_the_recipe_learns_and_exports_plain_keras(shared_tmp_path, capfd, tenso
     assert validation_loss(result) < achievable + 0.3 * (unigram - achievable), result.stdout
     assert re.search(r"tokens/s; model FLOPs 6 x [\d,]+ parameters", result.stderr)
 
+    # hvdtrain evaluate builds the split model and gives each rank its parts
+    # of the exported weights: the validation loss training reported.
+    evaluated = merged(hvdtrain_command(capfd, "evaluate", f"--model_dir={shared_tmp_path}",
+                                        f"--tensor_parallel={tensor_parallel}"))
+    assert evaluated.status == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
+    metrics = json.loads((shared_tmp_path / "evaluation-validation.json").read_text())["metrics"]
+    assert metrics["loss"] == pytest.approx(validation_loss(result), abs=1e-3)
+
     model = exported(shared_tmp_path)
     assert {type(layer).__module__.split(".")[0] for layer in model.layers} == {"keras"}
     # The split model, given the exported weights, predicts the same logits.
@@ -343,16 +357,17 @@ def test_the_recipe_learns_and_exports_plain_keras(shared_tmp_path, capfd, tenso
 @pytest.mark.slow
 @pytest.mark.launches(controllers=("gloo",))
 def test_resumes_exactly_and_in_another_layout(shared_tmp_path, capfd):
-    train(capfd, shared_tmp_path / "straight", "--tensor_parallel=2", "--epochs=2")
-    train(capfd, shared_tmp_path / "resumed", "--tensor_parallel=2", "--epochs=1")
-    train(capfd, shared_tmp_path / "resumed", "--tensor_parallel=2", "--epochs=2", "--resume")
+    train(capfd, shared_tmp_path / "straight", *QUICK, "--tensor_parallel=2", "--epochs=2")
+    train(capfd, shared_tmp_path / "resumed", *QUICK, "--tensor_parallel=2", "--epochs=1")
+    train(capfd, shared_tmp_path / "resumed", *QUICK, "--tensor_parallel=2", "--epochs=2",
+          "--resume")
     straight = exported(shared_tmp_path / "straight")
     for a, b in zip(straight.weights, exported(shared_tmp_path / "resumed").weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
     # Written at T=2, read at T=1 (2 replicas) and back: nothing left to
     # train, so the export is the state as restored, part by part.
     for tensor_parallel in (1, 2):
-        train(capfd, shared_tmp_path / "resumed", f"--tensor_parallel={tensor_parallel}",
+        train(capfd, shared_tmp_path / "resumed", *QUICK, f"--tensor_parallel={tensor_parallel}",
               "--epochs=2", "--resume")
         for a, b in zip(straight.weights, exported(shared_tmp_path / "resumed").weights):
             np.testing.assert_array_equal(a.numpy(), b.numpy(),
@@ -365,11 +380,11 @@ def test_resumes_exactly_and_in_another_layout(shared_tmp_path, capfd):
 
     preempted = shared_tmp_path / "preempted"
     config = recipe.make_config(
-        "gpt", options={"train_sequences": 2048, "validation_sequences": 256},
+        "gpt", options=[option.removeprefix("--option=") for option in QUICK],
         model_dir=str(preempted), tensor_parallel=2, epochs=2, intra_op_threads=1,
         deterministic=True)
     handlers = {number: signal.getsignal(number) for number in STOPS}
-    signal_in_the_second_epoch(preempted / "checkpoints" / "epoch-0001-step-000064")
+    signal_in_the_second_epoch(preempted / "checkpoints" / "epoch-0001-step-000032")
     try:
         with pytest.raises(Preempted) as stopped:
             train_in_process(config)
@@ -378,7 +393,7 @@ def test_resumes_exactly_and_in_another_layout(shared_tmp_path, capfd):
             signal.signal(number, handler)
     where = gathered(re.search(r"after (epoch 2, step \d+)", str(stopped.value)).group(1))
     assert where[0] == where[1], where
-    train(capfd, preempted, "--tensor_parallel=2", "--epochs=2", "--resume")
+    train(capfd, preempted, *QUICK, "--tensor_parallel=2", "--epochs=2", "--resume")
     for a, b in zip(straight.weights, exported(preempted).weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=f"preempted: {a.path}")
 
@@ -401,16 +416,24 @@ def signal_in_the_second_epoch(first_checkpoint):
 
 @pytest.mark.slow
 @pytest.mark.launches(np=4)
-def test_a_checkpoint_reshards_between_d2xt2_and_d4(shared_tmp_path, capfd):
-    train(capfd, shared_tmp_path / "run", "--tensor_parallel=2", "--epochs=1")
+def test_d2xt2_trains_as_2_workers_and_its_checkpoint_reshards_to_d4(shared_tmp_path, capfd):
+    train(capfd, shared_tmp_path / "run", *QUICK, "--tensor_parallel=2", "--epochs=1")
     written = exported(shared_tmp_path / "run").get_weights()
+    # 4 workers at T=2 are 2 replicas: the batch per replica, the learning
+    # rate scaled by 2, step for step what 2 workers do without tensor parallelism.
+    alone = shared_tmp_path / "two_workers"
+    finished = on_rank_0(horovodrun, ["hvdtrain", "train", f"--model_dir={alone}", *SMALL,
+                                      *QUICK, "--epochs=1"], np=2, timeout=300)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    for a, b in zip(written, exported(alone).get_weights()):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-4)
     for tensor_parallel in (1, 2, 4):
-        train(capfd, shared_tmp_path / "run", f"--tensor_parallel={tensor_parallel}",
+        train(capfd, shared_tmp_path / "run", *QUICK, f"--tensor_parallel={tensor_parallel}",
               "--epochs=1", "--resume")
         for a, b in zip(written, exported(shared_tmp_path / "run").get_weights()):
             np.testing.assert_array_equal(a, b, err_msg=f"T={tensor_parallel}")
     # Training on from it at D=4 x T=1 continues the run: the next epoch.
-    result = train(capfd, shared_tmp_path / "run", "--tensor_parallel=1", "--epochs=2",
+    result = train(capfd, shared_tmp_path / "run", *QUICK, "--tensor_parallel=1", "--epochs=2",
                    "--resume")
     assert "Epoch 2/2" in result.stdout and "Epoch 1/2" not in result.stdout
 
@@ -438,3 +461,28 @@ def test_bad_input_ends_every_rank_with_one_line(shared_tmp_path, capfd, case):
               if "hvdtrain: error:" in text}
     assert set(errors) == {0, 1} and len(set(errors.values())) == 1, output[-3000:]
     assert re.search(expected, errors[0]), errors[0]
+
+
+@pytest.mark.launches(np=4)
+def test_the_ranks_of_a_replica_read_the_same_batches_and_replicas_their_own():
+    import hvdtrain
+
+    layout.arrange(2)
+    data = hvdtrain.data.from_arrays(np.arange(64).reshape(32, 2), batch_size=4, training=True)
+    assert data.steps == 4   # 32 examples over 2 replicas of 4
+    seen = gathered(np.concatenate([b.numpy() for b in data.batches(0)]))
+    np.testing.assert_array_equal(seen[0], seen[1])
+    np.testing.assert_array_equal(seen[2], seen[3])
+    assert not set(seen[0][:, 0]) & set(seen[2][:, 0])   # each replica its own shard
+    assert len(set(seen[0][:, 0]) | set(seen[2][:, 0])) == 32
+
+
+@pytest.mark.launches(controllers=("gloo",))
+def test_a_table_sharded_over_all_workers_is_refused_in_a_split_replica():
+    from hvdtrain.errors import UsageError
+    from hvdtrain.layers import ShardedEmbedding
+
+    layout.arrange(2)
+    with pytest.raises(UsageError, match="with --tensor_parallel, split the table with "
+                                         "hvdtrain.layers.VocabParallelEmbedding"):
+        ShardedEmbedding(64, 4, name="items").build((None, 2))

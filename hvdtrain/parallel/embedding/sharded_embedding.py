@@ -24,6 +24,7 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
+from hvdtrain import layout
 from hvdtrain.errors import MODEL_INPUT, UsageError
 from hvdtrain.parallel import collectives, sharding
 from hvdtrain.parallel.embedding import memory
@@ -84,6 +85,12 @@ class ShardedEmbedding(keras.layers.Layer):
         return sharding.Placement(self.input_dim, owner)
 
     def build(self, input_shape=None):
+        if layout.tensor_size() > 1:
+            # Its lookups go to every worker, and a replica's ranks would
+            # each send the same ids: their rows' gradients would count T times.
+            raise UsageError(f"ShardedEmbedding '{self.name}' shards over all workers, not "
+                             "by replica: with --tensor_parallel, split the table with "
+                             "hvdtrain.layers.VocabParallelEmbedding")
         rows = self.placement.shard_rows(hvd.rank(), hvd.size())
         memory.refuse_too_large(f"embedding table '{self.name}'",
                                 rows * self.output_dim * tf.as_dtype(self.variable_dtype).size)
