@@ -193,7 +193,7 @@ RECIPE = Recipe(
     build_model=build_model,
     load_data=load_data,
     loss=VocabParallelSparseCategoricalCrossentropy(),
-    defaults=dict(epochs=4, batch_size=32, learning_rate=1e-3, optimizer="adamw",
+    defaults=dict(epochs=3, batch_size=32, learning_rate=1e-3, optimizer="adamw",
                   warmup_epochs=1, lr_schedule="cosine"),
     options={
         "dataset": Option(SYNTHETIC, "synthetic (no download) or tiny_shakespeare (TFDS, "
@@ -207,8 +207,8 @@ RECIPE = Recipe(
         "dropout": Option(0.0, "dropout rate", allowed=Range(0, 1)),
         "tie_embeddings": Option(True, "the head is the token embedding in reverse"),
         "successors": Option(4, "synthetic: tokens that may follow each token", allowed=POSITIVE),
-        "train_sequences": Option(8192, "synthetic: training sequences", allowed=POSITIVE),
-        "validation_sequences": Option(512, "synthetic: validation sequences",
+        "train_sequences": Option(2048, "synthetic: training sequences", allowed=POSITIVE),
+        "validation_sequences": Option(256, "synthetic: validation sequences",
                                        allowed=POSITIVE),
         "language_seed": Option(0, "synthetic: the seed of the language and its samples",
                                 allowed=Range(0, 2**31)),

@@ -47,7 +47,8 @@ class Evaluation:
         split: The split's name.
         metrics: {name: value}, over the whole split.
         examples: The examples in the split, each counted once.
-        workers: The processes that evaluated it.
+        workers: The data-parallel replicas that evaluated it (the
+            processes, without tensor parallelism).
         path: The JSON file rank 0 wrote the evaluation to.
     """
     source: pathlib.Path

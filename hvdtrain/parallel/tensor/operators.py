@@ -91,9 +91,9 @@ def all_max(x, name):
     (vocabulary-parallel softmax's shift)."""
     if layout.tensor_size() == 1:
         return tf.stop_gradient(x)
+    x = tf.stop_gradient(x)
+    wide = tf.cast(x, tf.float32) if x.dtype == tf.bfloat16 else x
     with collectives.root_name_scope():
-        wide = tf.cast(tf.stop_gradient(x), tf.float32) if x.dtype == tf.bfloat16 else (
-            tf.stop_gradient(x))
         most = hvd.allreduce(wide, op=hvd.Max, name=name, ignore_name_scope=True,
                              process_set=layout.tensor_set())
     return tf.cast(most, x.dtype)
