@@ -7,7 +7,7 @@ in one process:
   two-block GPT, started from the unsplit model's weights and trained for 5
   steps, equals the unsplit model trained on the global batch, to float32
   round-off: at np=2 with T=2 (one replica), and at np=4 with D=2 x T=2
-  and T=4;
+  (and the layers at T=4); 4 workers at T=2 train as 2 without it;
 - the vocabulary-parallel loss equals Keras's sparse categorical
   cross-entropy on the gathered logits, values and gradients, in float32
   and bfloat16;
@@ -259,9 +259,8 @@ def test_a_two_block_gpt_trains_as_the_unsplit_one(tensor_parallel):
 
 
 @pytest.mark.launches(np=4)
-@pytest.mark.parametrize("tensor_parallel", WIDER)
-def test_a_two_block_gpt_trains_as_the_unsplit_one_over_replicas(tensor_parallel):
-    check_gpt(tensor_parallel)
+def test_a_two_block_gpt_trains_as_the_unsplit_one_over_replicas():
+    check_gpt(2)   # D=2 x T=2 (T=4: the layers' cases above)
 
 
 @pytest.mark.launches(controllers=("gloo",))
