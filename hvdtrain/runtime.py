@@ -23,9 +23,9 @@ from hvdtrain import layout
 from hvdtrain.errors import UsageError
 from hvdtrain.faults import launcher_watch, unread_output, watchdog
 
-__all__ = ["barrier", "default_intra_op_threads", "device_name", "gpu_index", "init", "is_main_process",
-           "local_rank", "local_size", "main_process_first", "pin_gpu", "precision_warning",
-           "rank", "set_log_verbosity", "size", "stop_watching"]
+__all__ = ["barrier", "default_intra_op_threads", "device_name", "gpu_index", "init",
+           "is_main_process", "local_rank", "local_size", "main_process_first", "pin_gpu",
+           "precision_warning", "rank", "set_log_verbosity", "size", "stop_watching"]
 
 # Horovod's own functions, with Horovod's docstrings: each returns an int
 # and raises ValueError until `init` has run.

@@ -26,15 +26,16 @@ import horovod.tensorflow as hvd
 import keras
 import numpy as np
 
-__all__ = ["NO_XLA", "NO_XLA_TENSOR_PARALLEL", "Placement", "TensorSplit", "gather", "has_rows_sharded", "has_shards",
-           "is_rows_sharded", "is_sharded", "logical_shape", "mark", "placement_of", "replicated_copy",
-           "scatter"]
+__all__ = ["NO_XLA", "NO_XLA_TENSOR_PARALLEL", "Placement", "TensorSplit", "gather",
+           "has_rows_sharded", "has_shards", "is_rows_sharded", "is_sharded", "logical_shape",
+           "mark", "placement_of", "replicated_copy", "scatter"]
 
 # Why a model with sharded variables is not compiled with XLA.
 NO_XLA = ("tables sharded across workers (ShardedEmbedding) exchange rows inside the forward "
           "pass, which XLA cannot hold (Horovod's collectives have no XLA kernels); leave "
           "--jit_compile off")
 
+# Why a model with tensor-parallel layers is not.
 NO_XLA_TENSOR_PARALLEL = (
     "tensor-parallel layers exchange activations inside the forward pass, which XLA cannot "
     "hold (Horovod's collectives have no XLA kernels there); leave --jit_compile off")
