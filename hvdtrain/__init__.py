@@ -5,8 +5,9 @@ split over tensor-parallel ranks (hvdtrain.layers).
 Each folder is one concept, lowest first: faults (the watchdog, preemption),
 layout.py (which worker does what: replicas and groups), tools (doctor,
 report, throughput), parallel (the strategies: data/, embedding/, tensor/),
-data (input pipelines), state (position, checkpoints, export), callbacks, run (the trainer, the evaluator); keras and layers are public
-facades, and cli.py, config.py, recipe.py the command line and its settings. A package's
+data (input pipelines), state (position, checkpoints, export), callbacks,
+run (the trainer, the evaluator); keras and layers are public facades, and
+cli.py, config.py, recipe.py the command line and its settings. A package's
 docstring says what may depend on it; tests/unit/test_layers.py holds the table.
 
 Names load on first use, so that the command line can check its input and
