@@ -76,14 +76,13 @@ class ParallelMultiHeadAttention(keras.layers.Layer):
     def call(self, query, value, key=None, attention_mask=None, use_causal_mask=False,
              training=None):
         key = value if key is None else key
-        inputs = {}   # one f per distinct input: self-attention sums its gradient once
-        for name, tensor in (("query", query), ("key", key), ("value", value)):
-            known = next((k for k, t in inputs.items() if t[0] is tensor), None)
-            inputs[name] = (tensor, inputs[known][1] if known else operators.copy_to_group(
-                tensor, self._collective(f"{name}.input")))
+        copies = {}   # one f per distinct input: self-attention sums its gradient once
         projected = {}
-        for name in ("query", "key", "value"):
-            x = keras.ops.einsum("abc,cde->abde", inputs[name][1],
+        for name, tensor in (("query", query), ("key", key), ("value", value)):
+            if id(tensor) not in copies:
+                copies[id(tensor)] = operators.copy_to_group(
+                    tensor, self._collective(f"{name}.input"))
+            x = keras.ops.einsum("abc,cde->abde", copies[id(tensor)],
                                  getattr(self, f"{name}_kernel"))
             projected[name] = x + getattr(self, f"{name}_bias") if self.use_bias else x
         query = projected["query"] * keras.ops.cast(1.0 / math.sqrt(self.key_dim),

@@ -89,24 +89,21 @@ def split_to_group(x, name):
 def all_max(x, name):
     """The elementwise maximum of `x` over the group, without a gradient
     (vocabulary-parallel softmax's shift)."""
-    if layout.tensor_size() == 1:
-        return tf.stop_gradient(x)
     x = tf.stop_gradient(x)
-    wide = tf.cast(x, tf.float32) if x.dtype == tf.bfloat16 else x
-    with collectives.root_name_scope():
-        most = hvd.allreduce(wide, op=hvd.Max, name=name, ignore_name_scope=True,
-                             process_set=layout.tensor_set())
-    return tf.cast(most, x.dtype)
+    return x if layout.tensor_size() == 1 else _allreduce(x, hvd.Max, name)
 
 
 def _sum(x, name):
+    return _allreduce(x, hvd.Sum, name)
+
+
+def _allreduce(x, op, name):
+    """`x` reduced over the group; bfloat16 in float32, which Horovod carries."""
+    wide = tf.cast(x, tf.float32) if x.dtype == tf.bfloat16 else x
     with collectives.root_name_scope():
-        if x.dtype == tf.bfloat16:
-            total = hvd.allreduce(tf.cast(x, tf.float32), op=hvd.Sum, name=name,
-                                  ignore_name_scope=True, process_set=layout.tensor_set())
-            return tf.cast(total, tf.bfloat16)
-        return hvd.allreduce(x, op=hvd.Sum, name=name, ignore_name_scope=True,
-                             process_set=layout.tensor_set())
+        reduced = hvd.allreduce(wide, op=op, name=name, ignore_name_scope=True,
+                                process_set=layout.tensor_set())
+    return tf.cast(reduced, x.dtype)
 
 
 def _gather_last_axis(x, size, name):
