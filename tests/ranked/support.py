@@ -12,12 +12,19 @@ import tensorflow as tf
 from harness.fixtures import SESSION_DIR
 from launch import Finished
 
-__all__ = ["computed_once", "gathered", "merged", "on_rank_0"]
+__all__ = ["computed_once", "error_lines", "gathered", "merged", "on_rank_0"]
 
 
 def gathered(value):
     """[value on rank 0, value on rank 1, ...] (any picklable value), on every rank."""
     return hvd.allgather_object(value)
+
+
+def error_lines(results):
+    """{rank: the line it printed with "hvdtrain: error:"} of a command run
+    on every rank (`gathered` results of launch.hvdtrain_command)."""
+    return {rank: text for rank, result in enumerate(results)
+            for text in result.output.splitlines() if "hvdtrain: error:" in text}
 
 
 def merged(result):

@@ -13,7 +13,7 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.state import checkpoint
 from hvdtrain.state.training_state import Position
 from launch import hvdtrain_command
-from ranked.support import computed_once, gathered, on_rank_0
+from ranked.support import computed_once, error_lines, gathered, on_rank_0
 
 
 def _runs(root):
@@ -65,8 +65,7 @@ def test_evaluate_names_the_problem_on_every_rank(case, runs, capfd):
                                          *(a.format(root=runs) for a in args)))
     assert any(result.status != 0 for result in finished)
     output = "".join(result.output[-3000:] for result in finished)
-    errors = {rank: text for rank, result in enumerate(finished)
-              for text in result.output.splitlines() if "hvdtrain: error:" in text}
+    errors = error_lines(finished)
     # The same line on every rank.
     assert errors and len(set(errors.values())) == 1, output
     assert next(iter(errors.values())).startswith(f"hvdtrain: error: {expected.format(root=runs)}")

@@ -5,7 +5,7 @@ evaluation coverage, and bad data refused on every rank."""
 import pytest
 
 from launch import REPO, hvdtrain_command
-from ranked.support import gathered, on_rank_0
+from ranked.support import error_lines, gathered, on_rank_0
 from sample_files import write_images, write_tfrecords
 from workers import read_source
 
@@ -99,8 +99,7 @@ def _one_error_line(finished):
 def _every_rank_says(finished, line):
     """Both ranks printed `line` as their error, and exited with status 2."""
     output = "".join(result.output[-3000:] for result in finished)
-    errors = {rank: text for rank, result in enumerate(finished)
-              for text in result.output.splitlines() if "hvdtrain: error:" in text}
+    errors = error_lines(finished)
     assert errors == {0: line, 1: line}, output
     assert [result.status for result in finished] == [2, 2], output
     assert not any("Traceback" in result.output for result in finished)

@@ -24,7 +24,7 @@ from hvdtrain import runtime
 from hvdtrain.state import checkpoint
 from hvdtrain.tools import run_log
 from launch import hvdtrain_command, run
-from ranked.support import gathered, merged
+from ranked.support import error_lines, gathered, merged
 from ranked.test_wide_and_deep import SYNTHETIC, SYNTHETIC_AUC, val_auc
 from workers import sharded_embedding
 
@@ -194,8 +194,7 @@ def test_bad_input_ends_every_rank_with_one_line(shared_tmp_path, capfd, case):
                                         f"--model_dir={shared_tmp_path / 'run'}", *args))
     output = "".join(r.output for r in results)
     assert any(r.status != 0 for r in results), output[-3000:]
-    errors = {rank: text for rank, r in enumerate(results) for text in r.output.splitlines()
-              if "hvdtrain: error:" in text}
+    errors = error_lines(results)
     # Both ranks find it in the same step, and print the same line.
     assert set(errors) == {0, 1} and len(set(errors.values())) == 1, output[-3000:]
     assert re.search(expected, errors[0]), errors[0]

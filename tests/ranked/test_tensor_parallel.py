@@ -42,7 +42,7 @@ from hvdtrain.parallel import sharding
 from hvdtrain.parallel.data.optimizer import DistributedOptimizer
 from hvdtrain.parallel.tensor import operators
 from launch import horovodrun, hvdtrain_command
-from ranked.support import gathered, merged, on_rank_0
+from ranked.support import error_lines, gathered, merged, on_rank_0
 
 SEQUENCE, WIDTH, VOCABULARY, BATCH, STEPS = 6, 8, 16, 4, 5
 
@@ -460,8 +460,7 @@ def test_bad_input_ends_every_rank_with_one_line(shared_tmp_path, capfd, case):
                                         f"--model_dir={shared_tmp_path / 'run'}"))
     output = "".join(r.output for r in results)
     assert all(r.status != 0 for r in results), output[-3000:]
-    errors = {rank: text for rank, r in enumerate(results) for text in r.output.splitlines()
-              if "hvdtrain: error:" in text}
+    errors = error_lines(results)
     assert set(errors) == {0, 1} and len(set(errors.values())) == 1, output[-3000:]
     assert re.search(expected, errors[0]), errors[0]
 

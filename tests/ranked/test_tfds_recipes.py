@@ -11,7 +11,7 @@ import pytest
 
 import tfds_data
 from launch import REPO, hvdtrain_command
-from ranked.support import gathered, on_rank_0
+from ranked.support import error_lines, gathered, on_rank_0
 
 TINY_TRANSFORMER = ["--option=vocab_size=1024", "--option=sequence_length=48",
                     "--option=d_model=32", "--option=layers=1", "--option=heads=2",
@@ -70,8 +70,7 @@ def test_cifar10_that_cannot_be_downloaded_ends_every_rank_with_one_line(shared_
         "--intra_op_threads=1", script=CIFAR10_SCRIPT))
     output = "".join(result.output[-3000:] for result in finished)
     assert any(result.status != 0 for result in finished)
-    errors = {rank: text for rank, result in enumerate(finished)
-              for text in result.output.splitlines() if "hvdtrain: error:" in text}
+    errors = error_lines(finished)
     assert set(errors) == {0, 1}, output
     assert len(set(errors.values())) == 1
     line = errors[0]

@@ -14,7 +14,7 @@ import pytest
 from harness.fixtures import WORKDIR
 from hvdtrain import recipe, runtime
 from launch import Finished, horovodrun, hvdtrain_command
-from ranked.support import computed_once, gathered, merged
+from ranked.support import computed_once, error_lines, gathered, merged
 
 pytestmark = pytest.mark.launches(controllers=("gloo",))
 
@@ -146,8 +146,7 @@ def test_a_record_off_the_schema_stops_every_rank_with_one_line(shared_tmp_path,
         f"--model_dir={shared_tmp_path / 'model'}"))
     output = "".join(r.output for r in results)
     assert any(r.status != 0 for r in results)
-    errors = {rank: text for rank, r in enumerate(results) for text in r.output.splitlines()
-              if "hvdtrain: error:" in text}
+    errors = error_lines(results)
     assert set(errors) == {0, 1} and len(set(errors.values())) == 1, output[-3000:]
     assert f"{bad} has a record off the schema" in errors[0]
     assert "(found by rank 1)" in errors[0]
