@@ -1,10 +1,12 @@
 """hvdtrain: data-parallel training of Keras 3 models with Horovod, and where
-data parallelism alone breaks, tables sharded across the workers and layers
-split over tensor-parallel ranks (hvdtrain.layers).
+data parallelism alone breaks, tables sharded across the workers, layers
+split over tensor-parallel ranks (hvdtrain.layers) and models cut into
+pipeline stages (hvdtrain.pipeline).
 
 Each folder is one concept, lowest first: faults (the watchdog, preemption),
 layout.py (which worker does what: replicas and groups), tools (doctor,
-report, throughput), parallel (the strategies: data/, embedding/, tensor/),
+report, throughput), parallel (the strategies: data/, embedding/, tensor/,
+pipeline/),
 data (input pipelines), state (position, checkpoints, export), callbacks,
 run (the trainer, the evaluator); keras and layers are public facades, and
 cli.py, config.py, recipe.py the command line and its settings. A package's
@@ -45,6 +47,8 @@ _SUBMODULES = {
     "data": "hvdtrain.data",
     "elastic": "hvdtrain.state.elastic",
     "layers": "hvdtrain.layers",
+    "layout": "hvdtrain.layout",
+    "pipeline": "hvdtrain.parallel.pipeline",
     "recipe": "hvdtrain.recipe",
 }
 

@@ -1,22 +1,30 @@
 """Which part of the work each Horovod process does: the process layout.
 
-N workers with tensor parallelism T form D = N / T data-parallel replicas of
-T consecutive ranks each (tensor parallelism inside a host, where the links
-are fastest; Megatron-LM's layout):
+N workers with tensor parallelism T and pipeline parallelism P form
+D = N / (T x P) data-parallel replicas. Tensor parallelism is innermost (T
+consecutive ranks, inside a host, where the links are fastest), pipeline
+parallelism outermost (stages across hosts, which only pass activations to
+their neighbours): Megatron-LM's layout.
 
-    rank r: replica r // T (its data-parallel rank), tensor-parallel rank r % T
-    tensor-parallel group of r: the T ranks of its replica
-    data-parallel group of r:   the D ranks of the same tensor-parallel rank
+    rank r = t + T * (d + D * p):
+        tensor-parallel rank t = r % T, data-parallel rank d = r // T % D,
+        pipeline stage p = r // (T * D)
+    tensor-parallel group of r:  the T ranks of its replica's stage, same d and p
+    data-parallel group of r:    the D ranks of the same t and p, one per replica
+    pipeline group of r:         the P ranks of the same t and d, one per stage
 
-The ranks of a replica read the same batch and hold the parts of its split
-layers (hvdtrain.parallel.tensor); gradients are reduced over the
-data-parallel group. Everything counted per replica (the data's shards, the
-learning rate's scaling, the position of a checkpoint) counts D, not N;
-without tensor parallelism D = N and the replica is the worker.
+The ranks of a replica read the same batch; those of a stage hold the parts
+of its split layers (hvdtrain.parallel.tensor); the stages pass activations
+forward and their gradients back between neighbours
+(hvdtrain.parallel.pipeline); gradients are reduced over the data-parallel
+group. Everything counted per replica (the data's shards, the learning
+rate's scaling, the position of a checkpoint) counts D, not N; without
+tensor or pipeline parallelism D = N and the replica is the worker.
 
-The groups are Horovod process sets, made by `arrange` on every rank in the
-same order (Horovod's rule), once per process: a later run in the same
-process (tests, a notebook) uses those it made.
+The groups, and each pair of neighbouring stages, are Horovod process sets,
+made by `arrange` on every rank in the same order (Horovod's rule), once per
+process: a later run in the same process (tests, a notebook) uses those it
+made.
 """
 
 import dataclasses
@@ -25,61 +33,93 @@ import horovod.tensorflow as hvd
 
 from hvdtrain.errors import UsageError
 
-__all__ = ["Layout", "arrange", "current", "data_rank", "data_set", "data_size", "tensor_rank",
+__all__ = ["Layout", "arrange", "current", "data_rank", "data_set", "data_size",
+           "neighbour_set", "pipeline_rank", "pipeline_set", "pipeline_size", "tensor_rank",
            "tensor_set", "tensor_size"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """N = `size` workers in replicas of `tensor` consecutive ranks."""
+    """N = `size` workers in replicas of `pipeline` stages of `tensor`
+    consecutive ranks."""
     size: int
     tensor: int = 1
+    pipeline: int = 1
 
     @property
     def replicas(self):
-        return self.size // self.tensor
+        return self.size // (self.tensor * self.pipeline)
+
+    def position(self, rank):
+        """(tensor rank, data rank, stage) of `rank`."""
+        return (rank % self.tensor, rank // self.tensor % self.replicas,
+                rank // (self.tensor * self.replicas))
+
+    def rank_at(self, tensor, data, stage):
+        return tensor + self.tensor * (data + self.replicas * stage)
 
     def tensor_group(self, rank):
-        """The ranks of `rank`'s replica, in order."""
-        first = rank - rank % self.tensor
-        return list(range(first, first + self.tensor))
+        """The ranks of `rank`'s replica's stage, in order."""
+        _, data, stage = self.position(rank)
+        return [self.rank_at(t, data, stage) for t in range(self.tensor)]
 
     def data_group(self, rank):
-        """The ranks of `rank`'s tensor-parallel rank, one per replica."""
-        return list(range(rank % self.tensor, self.size, self.tensor))
+        """The ranks of `rank`'s tensor-parallel rank and stage, one per replica."""
+        tensor, _, stage = self.position(rank)
+        return [self.rank_at(tensor, d, stage) for d in range(self.replicas)]
+
+    def pipeline_group(self, rank):
+        """The ranks that hold `rank`'s part of each stage of its replica, by stage."""
+        tensor, data, _ = self.position(rank)
+        return [self.rank_at(tensor, data, p) for p in range(self.pipeline)]
 
     def groups(self):
-        """Every group that needs a process set, in the order every rank makes them:
-        those of more than one rank and fewer than all."""
-        tensor = [self.tensor_group(first) for first in range(0, self.size, self.tensor)]
-        data = [self.data_group(position) for position in range(self.tensor)]
-        return [group for group in tensor + data if 1 < len(group) < self.size]
+        """Every group that needs a process set, in the order every rank makes
+        them: those of more than one rank and fewer than all, each once (a
+        pipeline of two stages is its own pair of neighbours)."""
+        everyone = range(self.size)
+        pipelines = {tuple(self.pipeline_group(r)) for r in everyone}
+        candidates = ({tuple(self.tensor_group(r)) for r in everyone}
+                      | {tuple(self.data_group(r)) for r in everyone}
+                      | pipelines
+                      | {pipeline[p:p + 2] for pipeline in pipelines
+                         for p in range(self.pipeline - 1)})
+        return [list(group) for group in sorted(candidates, key=lambda g: (len(g), g))
+                if 1 < len(group) < self.size]
 
 
 _layout = None
 _sets = {}   # (ranks) -> hvd.ProcessSet, for the groups of this rank
 
 
-def arrange(tensor_parallel=1):
-    """Makes the layout of `tensor_parallel` consecutive ranks per replica.
+def arrange(tensor_parallel=1, pipeline_parallel=1):
+    """Makes the layout of replicas of `pipeline_parallel` stages of
+    `tensor_parallel` consecutive ranks.
 
-    Call it on every rank, after hvd.init: with tensor_parallel > 1, Horovod
-    must have started with dynamic process sets (`hvdtrain.init` does that).
+    Call it on every rank, after hvd.init: with more than one rank per
+    replica, Horovod must have started with dynamic process sets
+    (`hvdtrain.init` does that).
 
     Raises:
         UsageError: If the number of workers is not a multiple of
-            `tensor_parallel`, or Horovod cannot add process sets.
+            tensor_parallel x pipeline_parallel, or Horovod cannot add
+            process sets.
     """
     global _layout
     size = hvd.size()
-    if not (isinstance(tensor_parallel, int) and tensor_parallel >= 1):
-        raise UsageError(f"tensor_parallel must be a positive integer, got {tensor_parallel!r}")
-    if size % tensor_parallel:
-        raise UsageError(f"--tensor_parallel={tensor_parallel} does not divide the {size} "
-                         f"workers into replicas; start a multiple of {tensor_parallel} "
-                         "processes (horovodrun -np) or choose a divisor of "
-                         f"{size}")
-    layout = Layout(size, tensor_parallel)
+    for name, value in (("tensor_parallel", tensor_parallel),
+                        ("pipeline_parallel", pipeline_parallel)):
+        if not (isinstance(value, int) and value >= 1):
+            raise UsageError(f"{name} must be a positive integer, got {value!r}")
+    per_replica = tensor_parallel * pipeline_parallel
+    if size % per_replica:
+        flags = " x ".join(f"--{name}={value}" for name, value in
+                           (("tensor_parallel", tensor_parallel),
+                            ("pipeline_parallel", pipeline_parallel)) if value > 1)
+        raise UsageError(f"{flags} does not divide the {size} workers into replicas; start "
+                         f"a multiple of {per_replica} processes (horovodrun -np) or choose "
+                         f"sizes whose product divides {size}")
+    layout = Layout(size, tensor_parallel, pipeline_parallel)
     for group in layout.groups():
         key = tuple(group)
         if key in _sets:
@@ -88,8 +128,8 @@ def arrange(tensor_parallel=1):
             _sets[key] = hvd.add_process_set(group)
         except (AssertionError, ValueError, RuntimeError) as e:
             raise UsageError(f"Horovod could not make the process set of ranks {group} ({e}); "
-                             "start it with hvdtrain.init(tensor_parallel=...) or "
-                             "HOROVOD_DYNAMIC_PROCESS_SETS=1") from None
+                             "start it with hvdtrain.init(tensor_parallel=..., "
+                             "pipeline_parallel=...) or HOROVOD_DYNAMIC_PROCESS_SETS=1") from None
     _layout = layout
 
 
@@ -108,7 +148,7 @@ def data_size():
 
 def data_rank():
     """This worker's replica: the shard of the data it reads."""
-    return hvd.rank() // current().tensor
+    return current().position(hvd.rank())[1]
 
 
 def tensor_size():
@@ -118,7 +158,17 @@ def tensor_size():
 
 def tensor_rank():
     """This worker's part of its replica's split layers."""
-    return hvd.rank() % current().tensor
+    return current().position(hvd.rank())[0]
+
+
+def pipeline_size():
+    """P: the stages of a replica's model."""
+    return current().pipeline
+
+
+def pipeline_rank():
+    """The stage of the model this worker runs."""
+    return current().position(hvd.rank())[2]
 
 
 def data_set():
@@ -129,6 +179,19 @@ def data_set():
 def tensor_set():
     """The process set of this worker's replica, for its split layers' collectives."""
     return _set_of(current().tensor_group(hvd.rank()))
+
+
+def pipeline_set():
+    """The process set of this worker's stages of its replica (one rank per stage)."""
+    return _set_of(current().pipeline_group(hvd.rank()))
+
+
+def neighbour_set(offset):
+    """The process set of this worker and its counterpart `offset` (+1 or -1)
+    stages on: the pair that passes activations and gradients between them."""
+    group = current().pipeline_group(hvd.rank())
+    stage = pipeline_rank()
+    return _set_of(sorted([group[stage], group[stage + offset]]))
 
 
 def _set_of(group):

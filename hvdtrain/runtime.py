@@ -38,7 +38,7 @@ _every_rank_logs = False
 
 def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=None,
          comm=None, stall_timeout=None, timeline=False, verbose_all_ranks=False,
-         tensor_parallel=1):
+         tensor_parallel=1, pipeline_parallel=1):
     """Initialises Horovod and this process's devices, threads and precision.
 
     Call it once per process, before any TensorFlow op (see the module's
@@ -64,12 +64,15 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
             that split tensor-parallel layers (hvdtrain.layout); more than 1
             starts Horovod with dynamic process sets, unless `process_sets`
             says otherwise, and makes the groups' sets.
+        pipeline_parallel: P: each replica's model runs as P pipeline
+            stages on P ranks (hvdtrain.layout), with process sets as for
+            `tensor_parallel`.
 
     Raises:
         UsageError: If `timeline` is asked for while horovodrun already
             records a timeline of the whole run, more processes share this
-            host than it has GPUs, or `tensor_parallel` does not divide the
-            number of workers.
+            host than it has GPUs, or tensor_parallel x pipeline_parallel
+            does not divide the number of workers.
     """
     global _every_rank_logs
     _every_rank_logs = verbose_all_ranks
@@ -84,7 +87,7 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
     if stall_timeout:
         # Well after Horovod's stall check (told stall_timeout), where that can act.
         watchdog.start(3 * stall_timeout, board)
-    if tensor_parallel != 1 and process_sets is None:
+    if (tensor_parallel != 1 or pipeline_parallel != 1) and process_sets is None:
         process_sets = "dynamic"
     hvd.init(comm=comm, process_sets=process_sets)
     if recording not in (None, "DYNAMIC"):
@@ -99,7 +102,7 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
     watchdog.progress("setting up")
     if stall_timeout and hvd.size() > 1 and board is None:
         watchdog.use_board(watchdog.serve_board())
-    layout.arrange(tensor_parallel)
+    layout.arrange(tensor_parallel, pipeline_parallel)
     unread_output.install()     # a launcher that dies must not take the checkpoint with it
     launcher_watch.start(hvd.rank())
     if precision is not None:

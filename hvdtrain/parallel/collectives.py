@@ -6,6 +6,7 @@ Horovod negotiates them together) and assign them on every rank.
 """
 
 import contextlib
+import contextvars
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -15,7 +16,9 @@ from hvdtrain import layout
 from hvdtrain.parallel import sharding
 
 __all__ = ["agree_on_max", "agree_on_min", "allreduce_scalars", "broadcast_variables",
-           "raise_together", "root_name_scope"]
+           "occurrence", "occurrence_tag", "raise_together", "root_name_scope"]
+
+_occurrence = contextvars.ContextVar("occurrence", default="")
 
 
 def root_name_scope():
@@ -32,14 +35,32 @@ def root_name_scope():
     return tf.compat.v1.get_default_graph().name_scope(None)
 
 
+@contextlib.contextmanager
+def occurrence(tag):
+    """Names the collectives of layers called inside (`occurrence_tag`) as
+    those of the call `tag`, e.g. a micro-batch's, apart from the same
+    layers' other calls in the step."""
+    token = _occurrence.set(f"{tag}.")
+    try:
+        yield
+    finally:
+        _occurrence.reset(token)
+
+
+def occurrence_tag():
+    """The current `occurrence`'s part of a collective's name ("" outside any)."""
+    return _occurrence.get()
+
+
 def broadcast_variables(variables, root_rank=0):
     """Sets `variables` on every rank to their values on `root_rank`.
 
     Call it on every rank, with the same variables in the same order: they
     are broadcast by position. Does nothing on one process. Shards of a
     table split across the workers (hvdtrain.parallel.sharding) are left out: each
-    worker holds its own rows. Parts of tensor-parallel weights go from
-    replica 0 to the same part of every other replica.
+    worker holds its own rows. Parts of tensor-parallel weights, and every
+    variable of a pipeline's stage, go from replica 0 to the same part of
+    every other replica (`root_rank` is then replica 0).
 
     Args:
         variables: Keras or TensorFlow variables (e.g. `model.variables`
@@ -49,13 +70,17 @@ def broadcast_variables(variables, root_rank=0):
     variables = list(variables)
     whole = [v for v in variables if not sharding.is_sharded(v)]
     parts = [v for v in variables if isinstance(sharding.placement_of(v), sharding.TensorSplit)]
+    if layout.pipeline_size() > 1:
+        # Each stage holds its own variables: they go from replica 0 to the
+        # same stage of every other replica.
+        parts, whole = whole + parts, []
     if hvd.size() > 1 and whole:
         _assign(whole, _broadcast([tf.convert_to_tensor(v) for v in whole], root_rank,
                                   hvd.global_process_set, "hvdtrain.broadcast"))
     if layout.data_size() > 1 and parts:
         # The first member of this rank's data-parallel group: its part in replica 0.
         _assign(parts, _broadcast([tf.convert_to_tensor(v) for v in parts],
-                                  layout.tensor_rank(), layout.data_set(),
+                                  layout.current().data_group(hvd.rank())[0], layout.data_set(),
                                   "hvdtrain.broadcast.parts"))
 
 

@@ -7,12 +7,15 @@ import os
 import pathlib
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
+
+from hvdtrain import layout
 
 from harness.fixtures import SESSION_DIR
 from launch import Finished
 
-__all__ = ["computed_once", "error_lines", "gathered", "merged", "on_rank_0"]
+__all__ = ["computed_once", "error_lines", "gathered", "merged", "on_rank_0", "replica_rows"]
 
 
 def gathered(value):
@@ -25,6 +28,16 @@ def error_lines(results):
     on every rank (`gathered` results of launch.hvdtrain_command)."""
     return {rank: text for rank, result in enumerate(results)
             for text in result.output.splitlines() if "hvdtrain: error:" in text}
+
+
+def replica_rows(global_batch, steps):
+    """The rows of `steps` global batches of `global_batch` (examples in
+    order) that this rank's replica trains on, in order."""
+    per_replica = global_batch // layout.data_size()
+    first = layout.data_rank() * per_replica
+    return np.concatenate([np.arange(step * global_batch + first,
+                                     step * global_batch + first + per_replica)
+                           for step in range(steps)])
 
 
 def merged(result):

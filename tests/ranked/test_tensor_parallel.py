@@ -42,7 +42,7 @@ from hvdtrain.parallel import sharding
 from hvdtrain.parallel.data.optimizer import DistributedOptimizer
 from hvdtrain.parallel.tensor import operators
 from launch import horovodrun, hvdtrain_command
-from ranked.support import error_lines, gathered, merged, on_rank_0
+from ranked.support import error_lines, gathered, merged, on_rank_0, replica_rows
 
 SEQUENCE, WIDTH, VOCABULARY, BATCH, STEPS = 6, 8, 16, 4, 5
 
@@ -101,15 +101,6 @@ def losses(case):
     return "mse", "mse"
 
 
-def replica_rows(examples_per_step):
-    """This replica's rows of each global batch, in order."""
-    per_replica = examples_per_step // layout.data_size()
-    first = layout.data_rank() * per_replica
-    return np.concatenate([np.arange(step * examples_per_step + first,
-                                     step * examples_per_step + first + per_replica)
-                           for step in range(STEPS)])
-
-
 def rows(data, index):
     return tuple(a[index] for a in data) if isinstance(data, tuple) else data[index]
 
@@ -130,7 +121,7 @@ def train_both(build, data, labels, loss, split_loss, tensor_parallel, optimizer
     split = build(True)
     set_whole_weights(split, start)
     split.compile(DistributedOptimizer(optimizer(), process_set=layout.data_set()), split_loss)
-    mine = replica_rows(global_batch)
+    mine = replica_rows(global_batch, STEPS)
     split.fit(rows(data, mine), labels[mine], batch_size=BATCH, epochs=1, shuffle=False,
               verbose=0)
     return whole, split, start

@@ -22,7 +22,7 @@ LAYERS = (                                   # lowest first
     ("layout",),                             # which worker does what: replicas, groups
     ("runtime",),                            # one Horovod worker
     ("parallel", "tools"),                   # collectives and placement; doctor, report, ...
-    ("parallel.embedding", "parallel.tensor"),  # tables sharded by rows; split layers
+    ("parallel.embedding", "parallel.pipeline", "parallel.tensor"),  # rows; stages; split layers
     ("parallel.data",),                      # the optimizer, over every strategy's gradients
     ("datasets",),                           # TFDS datasets built locally, once
     ("data", "state", "schedules"),

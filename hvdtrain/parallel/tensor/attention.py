@@ -119,7 +119,7 @@ class ParallelMultiHeadAttention(keras.layers.Layer):
         return query_shape
 
     def _collective(self, what):
-        return f"hvdtrain.tensor.{self.name}.{what}"
+        return operators.collective_name(self.name, what)
 
     def get_config(self):
         return {**super().get_config(), "num_heads": self.num_heads, "key_dim": self.key_dim,

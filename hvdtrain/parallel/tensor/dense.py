@@ -39,7 +39,7 @@ class _ParallelDense(keras.layers.Layer):
                                   name=self.name, dtype=self.dtype_policy)
 
     def _collective(self, what):
-        return f"hvdtrain.tensor.{self.name}.{what}"
+        return operators.collective_name(self.name, what)
 
 
 @keras.saving.register_keras_serializable(package="hvdtrain")

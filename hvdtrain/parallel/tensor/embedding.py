@@ -96,7 +96,7 @@ class VocabParallelEmbedding(keras.layers.Layer):
                                  dtype=self.compute_dtype)
 
     def _collective(self, what):
-        return f"hvdtrain.tensor.{self.name}.{what}"
+        return operators.collective_name(self.name, what)
 
     def get_config(self):
         return {**super().get_config(), "input_dim": self.input_dim,

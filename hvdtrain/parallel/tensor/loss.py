@@ -59,4 +59,4 @@ class VocabParallelSparseCategoricalCrossentropy(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         return vocab_parallel_sparse_categorical_crossentropy(
-            y_true, y_pred, name=f"hvdtrain.tensor.{self.name}")
+            y_true, y_pred, name=operators.collective_name(self.name, "loss"))

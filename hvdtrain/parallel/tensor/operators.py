@@ -22,8 +22,14 @@ import tensorflow as tf
 from hvdtrain import layout
 from hvdtrain.parallel import collectives
 
-__all__ = ["all_max", "copy_to_group", "gather_from_group", "reduce_from_group",
-           "split_to_group"]
+__all__ = ["all_max", "collective_name", "copy_to_group", "gather_from_group",
+           "reduce_from_group", "split_to_group"]
+
+
+def collective_name(owner, what):
+    """The name of `owner`'s (a layer's) collective `what` in the current
+    call (collectives.occurrence): the same on every rank of the group."""
+    return f"hvdtrain.tensor.{collectives.occurrence_tag()}{owner}.{what}"
 
 
 def copy_to_group(x, name):

@@ -1,0 +1,336 @@
+"""A Keras model whose stages run on the ranks of a pipeline, fed with
+micro-batches.
+
+Each rank holds one stage (hvdtrain.layout.pipeline_rank) and runs, inside
+the ordinary Keras train step, its schedule's forward and backward passes
+of the step's M micro-batches (schedules.py). A forward pass takes the
+micro-batch (the first stage) or the previous stage's activations, and
+sends its outputs on (all but the last); a backward pass starts from the
+next stage's gradient of those outputs (the last stage: from the loss),
+and sends the gradient of its inputs back. Each stage's passes are chained
+in the schedule's order; the passes between stages are
+transfer.py's alltoalls.
+
+The micro-batches' gradients add up to the gradient of the whole batch
+(each micro-batch's loss weighted by its share of the batch), which the
+optimizer then reduces over the data-parallel replicas only (its process
+set, hvdtrain.layout.data_set): one step of the whole model on the global
+batch, as without a pipeline.
+
+Every rank reads the whole batch: the first stage uses the inputs, the last
+the targets. The last stage computes the loss and updates the metrics;
+after each step (and each evaluation batch) the metric states are made the
+same on every stage, so that Keras's logs, the callbacks and the checkpoints
+see the same metrics everywhere. A stage's own regularization losses join
+the loss there.
+"""
+
+import horovod.tensorflow as hvd
+import keras
+import tensorflow as tf
+
+from hvdtrain import layout
+from hvdtrain.errors import UsageError
+from hvdtrain.parallel import collectives
+from hvdtrain.parallel.pipeline import schedules, transfer
+
+__all__ = ["Pipeline"]
+
+
+class Pipeline(keras.Model):
+    """A model cut into stages (`hvdtrain.parallel.pipeline.cut`, or built
+    so), trained with the ranks of each pipeline (hvdtrain.layout) running
+    one stage each.
+
+    Compile and fit it like any Keras model, with the same loss and metrics
+    the whole model would have; the optimizer a `DistributedOptimizer` over
+    `hvdtrain.layout.data_set()`. It cannot be compiled with XLA (its
+    passes are Horovod alltoalls) or with a loss-scale optimizer (each
+    stage would decide alone whether to skip a step).
+
+    Args:
+        stages: One built functional `keras.Model` per stage (every rank
+            gives all of them; it keeps its own stage and the last stage's
+            output shapes): the outputs of each are the inputs of the next.
+        microbatches: M: the micro-batches each batch is split into (M >= P
+            keeps the bubble at (P - 1) / (M + P - 1) of a step).
+        schedule: "1f1b" (at most P micro-batches' activations held) or
+            "gpipe" (all M).
+        name: The model's name.
+
+    Raises:
+        UsageError: If there are not as many stages as pipeline ranks, or
+            `microbatches` or `schedule` is not valid.
+    """
+
+    def __init__(self, stages, microbatches, schedule="1f1b", name="pipeline"):
+        super().__init__(name=name)
+        stages = list(stages)
+        count = layout.pipeline_size()
+        if len(stages) != count:
+            raise UsageError(f"the model has {len(stages)} pipeline stages and the layout "
+                             f"{count} (--pipeline_parallel): give one stage per pipeline rank")
+        if not (isinstance(microbatches, int) and microbatches >= 1):
+            raise UsageError(f"microbatches must be a positive integer, got {microbatches!r}")
+        if schedule not in schedules.SCHEDULES:
+            raise UsageError(f"pipeline schedule {schedule!r} is not one of "
+                             f"{', '.join(schedules.SCHEDULES)}")
+        self.stage_index = layout.pipeline_rank()
+        self.stage_count = count
+        self.microbatches = microbatches
+        self.schedule = schedule
+        self.stage = stages[self.stage_index]
+        self._actions = schedules.SCHEDULES[schedule](count, microbatches, self.stage_index)
+        last = stages[-1]
+        self._last_output_specs = [(tuple(t.shape), t.dtype) for t in last.outputs]
+        self._single_output = not isinstance(last.output, (list, tuple, dict))
+        self.built = True
+
+    def compile(self, optimizer="rmsprop", *args, jit_compile=False, **kwargs):
+        """Keras's `compile`, refusing what a pipeline cannot do (see the class)."""
+        if jit_compile is True:
+            raise UsageError("a pipeline cannot be compiled with XLA (jit_compile): its passes "
+                             "between stages are Horovod alltoalls, which XLA cannot hold")
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            raise UsageError("a pipeline cannot use a loss-scale optimizer (mixed_float16): "
+                             "each stage would decide alone whether to skip a step; use "
+                             "mixed_bfloat16")
+        super().compile(optimizer, *args, jit_compile=False, **kwargs)
+
+    @property
+    def first(self):
+        return self.stage_index == 0
+
+    @property
+    def last(self):
+        return self.stage_index == self.stage_count - 1
+
+    def call(self, inputs, training=False):
+        """The whole model's outputs on `inputs`, on every stage (one pass
+        through the pipeline, the last stage's outputs sent to the others)."""
+        if self.stage_count == 1:
+            return self.stage(inputs, training=training)
+        step = _Passes(self, "call")
+        outputs = step.forward(inputs, 0, training)
+        batch = tf.shape(keras.tree.flatten(inputs)[0])[0]
+        if self.last:
+            values = keras.tree.flatten(outputs)
+        else:
+            values = [transfer.zeros(tf.concat([[batch], shape[1:]], 0), dtype)
+                      for shape, dtype in self._last_output_specs]
+        root = layout.current().pipeline_group(hvd.rank())[-1]
+        values[0] = transfer.depending_on(values[0], step.sent)
+        with collectives.root_name_scope():
+            values = [hvd.broadcast(value, root, name=f"hvdtrain.pipeline.call.output.{j}",
+                                    ignore_name_scope=True, process_set=layout.pipeline_set())
+                      for j, value in enumerate(values)]
+        return values[0] if self._single_output else values
+
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        step = _Passes(self, "train", x, y, sample_weight)
+        for action in self._actions:
+            if action.kind == schedules.FORWARD:
+                step.forward(step.microbatch_inputs(action.microbatch), action.microbatch,
+                             training=True)
+            else:
+                step.backward(action.microbatch)
+        self.optimizer.apply(step.gradients, self.stage.trainable_variables)
+        return self._metrics_after(step, y)
+
+    def test_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        step = _Passes(self, "test", x, y, sample_weight)
+        for i in range(self.microbatches):
+            step.forward(step.microbatch_inputs(i), i, training=False)
+        return self._metrics_after(step, y)
+
+    def _metrics_after(self, step, y):
+        """The logs of a step, the same on every stage: the last stage's
+        metric states, its loss joined by the other stages' regularization."""
+        if not self.last:
+            self._build_metrics_as_the_last_stage(y)
+        if self.last:
+            self._loss_tracker.update_state(step.loss, sample_weight=step.batch)
+        if self.stage_count > 1:
+            self._share_metric_states(step)
+        return self.get_metrics_result()
+
+    def _build_metrics_as_the_last_stage(self, y):
+        """The compiled metrics and losses' states, as the last stage has
+        them (built there by their first update, from its outputs)."""
+        outputs = [keras.KerasTensor((None, *shape[1:]), dtype)
+                   for shape, dtype in self._last_output_specs]
+        outputs = outputs[0] if self._single_output else outputs
+        for compiled in (self._compile_loss, self._compile_metrics):
+            if compiled is not None and not compiled.built:
+                compiled.build(y, outputs)
+
+    def _share_metric_states(self, step):
+        variables = self.metrics_variables
+        flat = [tf.reshape(tf.cast(v, tf.float64), [-1]) for v in variables]
+        if self.last:
+            mine = tf.concat(flat, 0)
+        else:
+            # Only this stage's share of the loss: its regularization losses.
+            mine = tf.concat([
+                transfer.zeros(tf.shape(f), tf.float64)
+                + (tf.cast(step.loss, tf.float64) * tf.cast(step.batch, tf.float64)
+                   if v is self._loss_tracker.total else 0.0)
+                for v, f in zip(variables, flat)], 0)
+        mine = transfer.depending_on(mine, step.sent)
+        with collectives.root_name_scope():
+            summed = hvd.allreduce(mine, op=hvd.Sum, name=f"hvdtrain.pipeline.{step.kind}.metrics",
+                                   ignore_name_scope=True, process_set=layout.pipeline_set())
+        offset = 0
+        for variable, values in zip(variables, flat):
+            size = values.shape[0]
+            variable.assign(tf.cast(tf.reshape(summed[offset:offset + size], variable.shape),
+                                    variable.dtype))
+            offset += size
+
+
+class _Passes:
+    """The passes of one step on this stage, built in the order they run:
+    each waits for the one before it (the schedule's order, which bounds
+    the activations held); the sends run when their tensors are ready."""
+
+    def __init__(self, model, kind, x=None, y=None, sample_weight=None):
+        self.model = model
+        self.stage = model.stage
+        self.kind = kind
+        self.sent = []
+        self._after = []
+        self._tapes, self._inputs, self._outputs, self._objectives = {}, {}, {}, {}
+        variables = self.stage.trainable_variables
+        self._variables = variables
+        self.gradients = [None] * len(variables)
+        self.loss = tf.constant(0.0)
+        self._x = self._y = self._weights = self._shares = None
+        if x is None:
+            return
+        self.batch = tf.shape(keras.tree.flatten(x)[0])[0]
+        count = model.microbatches
+        sizes = self.batch // count + tf.cast(tf.range(count) < self.batch % count, tf.int32)
+        self._shares = tf.cast(sizes, tf.float32) / tf.cast(tf.maximum(self.batch, 1), tf.float32)
+        self._x = _split(x, sizes, count) if model.first else None
+        self._y = _split(y, sizes, count) if model.last else None
+        self._weights = _split(sample_weight, sizes, count) if model.last else None
+
+    def microbatch_inputs(self, i):
+        return self._x[i] if self._x is not None else None
+
+    def forward(self, inputs, i, training):
+        """Micro-batch `i` through this stage: its outputs (the last stage's
+        are the model's)."""
+        model = self.model
+        with tf.control_dependencies(self._after):
+            if not model.first:
+                inputs = self._receive_activations(i)
+            tape = tf.GradientTape() if training else _NoTape()
+            with tape, collectives.occurrence(f"pipeline.{self.kind}.{i}"):
+                watched = [t for t in keras.tree.flatten(inputs) if _differentiable(t)]
+                if training and not model.first:
+                    tape.watch(watched)
+                outputs = self.stage(inputs, training=training)
+                objective = self._objective(i, outputs, training)
+            if not model.last:
+                self.sent += [
+                    transfer.send(t, +1, self._name("forward", model.stage_index, i, j))
+                    for j, t in enumerate(keras.tree.flatten(outputs))]
+        if training:
+            self._tapes[i], self._inputs[i] = tape, watched
+            self._outputs[i], self._objectives[i] = outputs, objective
+        self._after = [t for t in keras.tree.flatten(outputs)]
+        return outputs
+
+    def backward(self, i):
+        """The gradients of micro-batch `i`: added to the step's, and those
+        of this stage's inputs sent back."""
+        model = self.model
+        tape = self._tapes.pop(i)
+        inputs, outputs = self._inputs.pop(i), self._outputs.pop(i)
+        objective = self._objectives.pop(i)
+        with tf.control_dependencies(self._after):
+            targets, seeds = [], []
+            if not model.last:
+                for j, t in enumerate(keras.tree.flatten(outputs)):
+                    if _differentiable(t):
+                        targets.append(t)
+                        seeds.append(transfer.receive(
+                            t.shape, t.dtype, +1,
+                            self._name("backward", model.stage_index, i, j)))
+            if objective is not None:
+                targets.append(model.optimizer.scale_loss(objective))
+                seeds.append(tf.ones_like(targets[-1]))
+            gradients = tape.gradient(targets, self._variables + inputs, output_gradients=seeds)
+            count = len(self._variables)
+            for k, g in enumerate(gradients[:count]):
+                if g is not None:
+                    self.gradients[k] = g if self.gradients[k] is None else _add(
+                        self.gradients[k], g)
+            if not model.first:
+                for j, (t, g) in enumerate(zip(inputs, gradients[count:])):
+                    g = tf.zeros_like(t) if g is None else tf.convert_to_tensor(g)
+                    self.sent.append(transfer.send(
+                        g, -1, self._name("backward", model.stage_index - 1, i, j)))
+        self._after = [g for g in gradients if g is not None]
+
+    def _objective(self, i, outputs, training):
+        """Micro-batch `i`'s share of what the step minimizes on this stage
+        (None: nothing but the next stage's gradient), added to the step's
+        loss: the loss and this stage's regularization on the last stage,
+        the regularization elsewhere."""
+        model = self.model
+        share = 1.0 if self._shares is None else self._shares[i]
+        if model.last:
+            if self._y is None:
+                return None
+            loss = model._compute_loss(x=None, y=self._y[i], y_pred=outputs,
+                                       sample_weight=self._weights[i], training=training)
+            model.compute_metrics(None, self._y[i], outputs, sample_weight=self._weights[i])
+        elif self.stage.losses:
+            loss = tf.add_n([tf.cast(tf.reduce_sum(v), tf.float32) for v in self.stage.losses])
+        else:
+            return None
+        objective = tf.cast(loss, tf.float32) * share
+        self.loss = self.loss + objective
+        return objective
+
+    def _receive_activations(self, i):
+        specs = self.stage.inputs
+        received = [transfer.receive(tuple(t.shape), t.dtype, -1,
+                                     self._name("forward", self.model.stage_index - 1, i, j))
+                    for j, t in enumerate(specs)]
+        return received[0] if len(received) == 1 else received
+
+    def _name(self, direction, boundary, i, j):
+        """The same on both stages of a boundary (numbered by its first stage)."""
+        return f"hvdtrain.pipeline.{self.kind}.{direction}.{boundary}.{i}.{j}"
+
+
+class _NoTape:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _differentiable(tensor):
+    return tensor.dtype.is_floating
+
+
+def _split(structure, sizes, count):
+    """[the `i`th micro-batch of each tensor in `structure`, for i < count]."""
+    if structure is None:
+        return [None] * count
+    parts = [tf.split(t, sizes, num=count) for t in keras.tree.flatten(structure)]
+    return [keras.tree.pack_sequence_as(structure, [p[i] for p in parts]) for i in range(count)]
+
+
+def _add(a, b):
+    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.concat([a.values, b.values], 0),
+                                tf.concat([a.indices, b.indices], 0), a.dense_shape)
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)

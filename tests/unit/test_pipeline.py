@@ -1,0 +1,191 @@
+"""Pipeline parallelism in one process: the schedules' order, the
+activations they hold and their bubble; cutting Sequential and functional
+models into stages, and the cuts refused; the layout's groups with
+pipeline stages; a one-stage pipeline's micro-batches adding up to the
+whole batch. The stages' passes between ranks are tested at np=2 and np=4
+in tests/ranked/test_pipeline.py."""
+
+import keras
+import numpy as np
+import pytest
+
+import hvdtrain
+from hvdtrain.errors import UsageError
+from hvdtrain.layout import Layout
+from hvdtrain.parallel import pipeline
+from hvdtrain.parallel.pipeline import schedules
+
+
+@pytest.fixture(scope="module", autouse=True)
+def horovod():
+    hvdtrain.init()
+
+
+def kinds(actions):
+    return " ".join(f"{a.kind[0].upper()}{a.microbatch}" for a in actions)
+
+
+def test_gpipe_runs_every_forward_then_every_backward():
+    assert kinds(schedules.gpipe(2, 3, 0)) == "F0 F1 F2 B0 B1 B2"
+
+
+def test_1f1b_warms_up_alternates_and_cools_down():
+    assert kinds(schedules.one_forward_one_backward(4, 6, 0)) == (
+        "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5")
+    assert kinds(schedules.one_forward_one_backward(4, 6, 3)) == (
+        "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5")
+    # Fewer micro-batches than the warm-up: all forwards, then all backwards.
+    assert kinds(schedules.one_forward_one_backward(4, 2, 0)) == "F0 F1 B0 B1"
+
+
+@pytest.mark.parametrize("stages,microbatches", [(2, 4), (4, 8), (4, 16), (3, 5)])
+def test_1f1b_holds_at_most_the_pipelines_depth_and_gpipe_every_microbatch(stages,
+                                                                             microbatches):
+    for stage in range(stages):
+        one_f_one_b = schedules.one_forward_one_backward(stages, microbatches, stage)
+        assert schedules.peak_stashed(one_f_one_b) == min(stages - stage, microbatches)
+        assert schedules.peak_stashed(schedules.gpipe(stages, microbatches, stage)) == (
+            microbatches)
+        # Each micro-batch once each way, its backward after its forward.
+        for action_list in (one_f_one_b, schedules.gpipe(stages, microbatches, stage)):
+            order = [(a.kind, a.microbatch) for a in action_list]
+            assert sorted(order) == sorted((kind, i) for kind in ("forward", "backward")
+                                           for i in range(microbatches))
+            assert all(order.index(("forward", i)) < order.index(("backward", i))
+                       for i in range(microbatches))
+
+
+def test_the_bubble_is_p_minus_1_over_m_plus_p_minus_1():
+    assert schedules.bubble(4, 4) == pytest.approx(3 / 7)
+    assert schedules.bubble(2, 8) == pytest.approx(1 / 9)
+    assert schedules.bubble(1, 4) == 0
+
+
+def test_a_pipeline_is_outermost_and_its_neighbours_have_process_sets():
+    arranged = Layout(8, tensor=2, pipeline=2)
+    assert arranged.replicas == 2
+    assert arranged.position(5) == (1, 0, 1)      # tensor rank 1, replica 0, stage 1
+    assert arranged.tensor_group(5) == [4, 5]
+    assert arranged.data_group(5) == [5, 7]
+    assert arranged.pipeline_group(5) == [1, 5]
+    assert arranged.groups() == [[0, 1], [0, 2], [0, 4], [1, 3], [1, 5], [2, 3], [2, 6],
+                                 [3, 7], [4, 5], [4, 6], [5, 7], [6, 7]]
+    # Four stages: the pipeline's group and each pair of neighbours.
+    deep = Layout(4, pipeline=4)
+    assert deep.groups() == [[0, 1], [1, 2], [2, 3]]
+    assert Layout(8, pipeline=4).groups()[-2:] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+
+
+def residual_model():
+    x = keras.Input((6,), name="features")
+    h = keras.layers.Dense(8, activation="tanh", name="embed")(x)
+    inner = keras.layers.Dense(8, activation="tanh", name="inner")(h)
+    h = keras.layers.Add(name="block")([h, inner])
+    h = keras.layers.Dense(8, activation="tanh", name="mix")(h)
+    return keras.Model(x, keras.layers.Dense(3, name="head")(h))
+
+
+def test_a_functional_model_cuts_at_the_outputs_every_path_crosses():
+    model = residual_model()
+    assert [t._keras_history.operation.name for t in pipeline.boundaries(model)] == [
+        "embed", "block", "mix"]
+    stages = pipeline.cut(model, at=["block"])
+    assert [[layer.name for layer in s.layers if layer.weights] for s in stages] == [
+        ["embed", "inner"], ["mix", "head"]]
+    x = np.random.default_rng(0).normal(size=(5, 6)).astype("float32")
+    np.testing.assert_allclose(stages[1](stages[0](x)), model(x), rtol=1e-6)
+
+
+def test_a_sequential_model_cuts_at_indices_or_names():
+    model = keras.Sequential([keras.Input((4,)), *[keras.layers.Dense(4, name=f"d{i}")
+                                                   for i in range(4)]])
+    by_index = pipeline.cut(model, at=[1, 3])
+    by_name = pipeline.cut(model, at=["d0", "d2"])
+    for stages in (by_index, by_name):
+        assert [[layer.name for layer in s.layers if layer.weights] for s in stages] == [
+            ["d0"], ["d1", "d2"], ["d3"]]
+
+
+def test_stages_of_about_equal_parameters_when_no_cut_points_are_given():
+    x = keras.Input((8,))
+    h = x
+    for i, width in enumerate([8, 8, 64, 8, 8]):
+        h = keras.layers.Dense(width, name=f"d{i}")(h)
+    stages = pipeline.cut(keras.Model(x, h), stages=2)
+    # 72 + 72 + 576 | 520 + 72 parameters: the cut nearest half of 1312.
+    assert [layer.name for layer in stages[0].layers if layer.weights] == ["d0", "d1", "d2"]
+
+
+@pytest.mark.parametrize("at,message", [
+    (["nowhere"], "'nowhere' is not a layer of model"),
+    (["inner"], "cannot be cut at layer 'inner': a skip connection"),
+    (["mix", "block"], "not in the model's order"),
+    (["block", "block"], "repeat one"),
+])
+def test_cut_points_that_do_not_cut_the_model_are_refused(at, message):
+    with pytest.raises(UsageError, match=message):
+        pipeline.cut(residual_model(), at=at)
+
+
+def test_a_tied_embedding_cannot_be_cut_apart():
+    ids = keras.Input((5,), dtype="int32")
+    embedding = keras.layers.ReversibleEmbedding(10, 4, name="tokens")
+    h = keras.layers.Dense(4, name="mix")(embedding(ids))
+    model = keras.Model(ids, embedding(h, reverse=True))
+    with pytest.raises(UsageError, match="cannot be cut at layer 'mix'.*tied embedding"):
+        pipeline.cut(model, at=["mix"])
+    with pytest.raises(UsageError, match="at most 1 pipeline stages, not 2"):
+        pipeline.cut(model, stages=2)
+
+
+def test_indices_out_of_range_and_subclassed_models_are_refused():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4), keras.layers.Dense(4)])
+    with pytest.raises(UsageError, match="leaves a stage empty.*from 1 to 1"):
+        pipeline.cut(model, at=[2])
+    with pytest.raises(UsageError, match="indices cut Sequential models"):
+        pipeline.cut(residual_model(), at=[1])
+
+    class Subclassed(keras.Model):
+        def call(self, x):
+            return x
+
+    with pytest.raises(UsageError, match="not a Sequential or functional model"):
+        pipeline.cut(Subclassed(), stages=2)
+
+
+def test_a_pipeline_needs_one_stage_per_pipeline_rank_and_a_known_schedule():
+    stages = pipeline.cut(residual_model(), at=["block"])
+    with pytest.raises(UsageError, match="2 pipeline stages and the layout 1"):
+        pipeline.Pipeline(stages, microbatches=2)
+    with pytest.raises(UsageError, match="schedule 'zigzag' is not one of 1f1b, gpipe"):
+        pipeline.Pipeline(stages[:1], microbatches=2, schedule="zigzag")
+    with pytest.raises(UsageError, match="microbatches must be a positive integer"):
+        pipeline.Pipeline(stages[:1], microbatches=0)
+
+
+def test_one_stage_in_microbatches_trains_as_the_whole_batch():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(40, 6)).astype("float32")
+    y = rng.normal(size=(40, 3)).astype("float32")
+    keras.utils.set_random_seed(2)
+    whole = residual_model()
+    start = whole.get_weights()
+    whole.compile(keras.optimizers.SGD(0.1, momentum=0.9), "mse", metrics=["mae"])
+    expected = whole.fit(x, y, batch_size=10, shuffle=False, verbose=0).history
+    model = residual_model()
+    model.set_weights(start)
+    one_stage = pipeline.Pipeline([model], microbatches=3)   # 10 rows: 4, 3, 3
+    one_stage.compile(keras.optimizers.SGD(0.1, momentum=0.9), "mse", metrics=["mae"])
+    history = one_stage.fit(x, y, batch_size=10, shuffle=False, verbose=0).history
+    for name, values in expected.items():
+        np.testing.assert_allclose(history[name], values, rtol=1e-5)
+    for mine, reference in zip(model.get_weights(), whole.get_weights()):
+        np.testing.assert_allclose(mine, reference, rtol=0, atol=1e-6)
+
+
+def test_xla_and_loss_scaling_are_refused_at_compile():
+    one_stage = pipeline.Pipeline([residual_model()], microbatches=2)
+    with pytest.raises(UsageError, match="cannot be compiled with XLA"):
+        one_stage.compile("sgd", "mse", jit_compile=True)
+    with pytest.raises(UsageError, match="loss-scale optimizer"):
+        one_stage.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), "mse")
