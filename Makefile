@@ -68,6 +68,7 @@ bench: setup
 	python bench/preemption.py
 	python bench/step_options.py
 	python bench/sharded_embeddings.py
+	python bench/pipeline.py
 	-bash bench/keras2_env.sh
 	python bench/alternatives.py
 
