@@ -198,7 +198,8 @@ def _evaluate():
     from hvdtrain.run import evaluator
 
     result = evaluator.evaluate(config, FLAGS.split, FLAGS.checkpoint or None,
-                                FLAGS.output or None, recipe_given=FLAGS["recipe"].present)
+                                FLAGS.output or None,
+                                given=[name for name in SETTINGS if FLAGS[name].present])
     if runtime.is_main_process():
         print(f"hvdtrain: {evaluator.describe(result)}; written to {result.path}")
 

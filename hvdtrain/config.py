@@ -170,6 +170,21 @@ class TrainConfig:
         1, POSITIVE, "T: split the model's tensor-parallel layers over T consecutive ranks "
         "(a replica; inside a host), which read the same batch; the workers / T replicas are "
         "data-parallel, and --batch_size and the learning rate's scaling count replicas.")
+    pipeline_parallel: int = _number(
+        1, POSITIVE, "P: cut the model into P pipeline stages on P ranks of a replica (the "
+        "outermost groups: across hosts), through which each batch runs as --microbatches "
+        "micro-batches; the workers / (T x P) replicas are data-parallel.")
+    microbatches: int = _number(
+        0, NON_NEGATIVE, "--pipeline_parallel: the micro-batches M each batch is split into "
+        "(0: 4 x P); --batch_size must be a multiple. The stages wait (P - 1) / (M + P - 1) "
+        "of each step (the bubble).")
+    pipeline_schedule: str = _setting(
+        "1f1b", "--pipeline_parallel: the order of each stage's passes: 1f1b (one forward, "
+        "one backward; at most P micro-batches' activations held) or gpipe (all forwards, "
+        "then all backwards; M held).", choices=("1f1b", "gpipe"))
+    pipeline_cuts: str = _setting(
+        "", "--pipeline_parallel: the layers whose outputs end each stage but the last, "
+        "P - 1 names separated by commas (empty: where the parameters split most evenly).")
     backward_passes_per_step: int = _number(
         1, POSITIVE, "Batches whose gradients accumulate locally per allreduce and update.")
     sparse_as_dense: bool = _setting(
@@ -315,6 +330,7 @@ class TrainConfig:
         self._check_optimizer_settings()
         self._check_monitoring()
         self._check_tensor_parallel()
+        self._check_pipeline_parallel()
         self.timeline_window()
         self.profile_window()
         preemption.parse_signals(self.preemption_signals)
@@ -370,6 +386,48 @@ class TrainConfig:
             refused = sharding.NO_XLA_TENSOR_PARALLEL
         if refused:
             raise UsageError(f"--tensor_parallel={self.tensor_parallel}: {refused}")
+
+    def pipeline_microbatches(self):
+        """M: the micro-batches of each batch (--microbatches, or 4 x P)."""
+        return self.microbatches or 4 * self.pipeline_parallel
+
+    def pipeline_cut_points(self):
+        """The names of --pipeline_cuts, in order (empty: balanced)."""
+        return [name.strip() for name in self.pipeline_cuts.split(",") if name.strip()]
+
+    def _check_pipeline_parallel(self):
+        """Refuses pipeline settings without a pipeline, cuts and
+        micro-batches that do not fit it, and what stages that each hold a
+        part of the model cannot do as one process would."""
+        stages = self.pipeline_parallel
+        if stages == 1:
+            for name in ("microbatches", "pipeline_schedule", "pipeline_cuts"):
+                field = next(f for f in dataclasses.fields(self) if f.name == name)
+                if getattr(self, name) != field.default:
+                    raise UsageError(f"--{name} applies to a pipeline: set "
+                                     "--pipeline_parallel=P (P > 1) or leave it out")
+            return
+        cuts = self.pipeline_cut_points()
+        microbatches = self.pipeline_microbatches()
+        refused = None
+        if cuts and len(cuts) != stages - 1:
+            refused = (f"--pipeline_cuts names {len(cuts)} layer(s); {stages} stages end at "
+                       f"{stages - 1}: name the layer that ends each stage but the last")
+        elif self.batch_size % microbatches:
+            refused = (f"--batch_size={self.batch_size} does not split into {microbatches} "
+                       f"micro-batches{'' if self.microbatches else ' (4 x P by default)'}; "
+                       f"make --batch_size a multiple of --microbatches")
+        elif self.global_clipnorm is not None:
+            refused = ("--global_clipnorm needs the norm of every gradient, and each stage "
+                       "holds its own; use --clipnorm (per weight) or --clipvalue")
+        elif self.precision == "mixed_float16":
+            refused = ("mixed_float16's loss scaling would let each stage decide alone to "
+                       "skip a step; use --precision=mixed_bfloat16")
+        elif self.jit_compile:
+            refused = ("XLA cannot hold the passes between stages (Horovod's alltoall); leave "
+                       "--jit_compile off")
+        if refused:
+            raise UsageError(f"--pipeline_parallel={stages}: {refused}")
 
     def _check_monitoring(self):
         watching = [name for name, on in (

@@ -12,6 +12,7 @@ their neighbours): Megatron-LM's layout.
     tensor-parallel group of r:  the T ranks of its replica's stage, same d and p
     data-parallel group of r:    the D ranks of the same t and p, one per replica
     pipeline group of r:         the P ranks of the same t and d, one per stage
+    stage group of r:            the D x T ranks of the same p
 
 The ranks of a replica read the same batch; those of a stage hold the parts
 of its split layers (hvdtrain.parallel.tensor); the stages pass activations
@@ -34,8 +35,8 @@ import horovod.tensorflow as hvd
 from hvdtrain.errors import UsageError
 
 __all__ = ["Layout", "arrange", "current", "data_rank", "data_set", "data_size",
-           "neighbour_set", "pipeline_rank", "pipeline_set", "pipeline_size", "tensor_rank",
-           "tensor_set", "tensor_size"]
+           "neighbour_set", "pipeline_rank", "pipeline_set", "pipeline_size", "stage_leaders",
+           "stage_set", "tensor_rank", "tensor_set", "tensor_size"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,13 @@ class Layout:
         tensor, data, _ = self.position(rank)
         return [self.rank_at(tensor, data, p) for p in range(self.pipeline)]
 
+    def stage_group(self, rank):
+        """Every rank of `rank`'s stage, of every replica, in order; its
+        first, the stage's rank in replica 0, is the stage's leader."""
+        _, _, stage = self.position(rank)
+        return [self.rank_at(t, d, stage) for d in range(self.replicas)
+                for t in range(self.tensor)]
+
     def groups(self):
         """Every group that needs a process set, in the order every rank makes
         them: those of more than one rank and fewer than all, each once (a
@@ -82,6 +90,7 @@ class Layout:
         candidates = ({tuple(self.tensor_group(r)) for r in everyone}
                       | {tuple(self.data_group(r)) for r in everyone}
                       | pipelines
+                      | {tuple(self.stage_group(r)) for r in everyone}
                       | {pipeline[p:p + 2] for pipeline in pipelines
                          for p in range(self.pipeline - 1)})
         return [list(group) for group in sorted(candidates, key=lambda g: (len(g), g))
@@ -184,6 +193,18 @@ def tensor_set():
 def pipeline_set():
     """The process set of this worker's stages of its replica (one rank per stage)."""
     return _set_of(current().pipeline_group(hvd.rank()))
+
+
+def stage_set():
+    """The process set of every rank of this worker's stage (all of them
+    without a pipeline)."""
+    return _set_of(current().stage_group(hvd.rank()))
+
+
+def stage_leaders():
+    """The ranks that lead each stage (replica 0's, tensor-parallel rank 0),
+    by stage: rank 0's pipeline group."""
+    return current().pipeline_group(0)
 
 
 def neighbour_set(offset):

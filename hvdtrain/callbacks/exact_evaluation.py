@@ -3,6 +3,7 @@
 import keras
 
 from hvdtrain.parallel.data.evaluation import sum_metric_states
+from hvdtrain.parallel.data.statistics import average_statistics
 
 __all__ = ["ExactEvaluation"]
 
@@ -10,8 +11,11 @@ __all__ = ["ExactEvaluation"]
 class ExactEvaluation(keras.callbacks.Callback):
     """Sums evaluation metric states over workers after this worker's
     `steps` evaluation batches (its shard's length, which may differ from
-    the other workers'); see hvdtrain.parallel.data.evaluation. Give it to every rank: the
-    sum is a collective.
+    the other workers'); see hvdtrain.parallel.data.evaluation. Before
+    evaluating, the replicas' own statistics (batch normalization's) become
+    their average, so that every shard is evaluated with the same model
+    (hvdtrain.parallel.data.statistics). Give it to every rank: both are
+    collectives.
 
     Args:
         steps: This worker's evaluation batches (the `steps` of its
@@ -26,6 +30,7 @@ class ExactEvaluation(keras.callbacks.Callback):
 
     def on_test_begin(self, logs=None):
         self._done = 0
+        average_statistics(self.model)
 
     def on_test_batch_end(self, batch, logs=None):
         self._done += 1

@@ -10,9 +10,9 @@ from absl import logging
 from hvdtrain import layout, runtime
 from hvdtrain.callbacks.base import TrainingCallback, kept_states, monitor_mode
 from hvdtrain.errors import TrainingError
-from hvdtrain.parallel import sharding
 from hvdtrain.parallel.data import optimizer as optimizer_lib
-from hvdtrain.state import checkpoint
+from hvdtrain.parallel.data.statistics import average_statistics
+from hvdtrain.state import checkpoint, whole_state
 from hvdtrain.state.training_state import Position, training_variables
 
 __all__ = ["PeriodicCheckpoint"]
@@ -22,8 +22,9 @@ class PeriodicCheckpoint(TrainingCallback):
     """Saves a checkpoint every `every_epochs` epochs (and after the last,
     also when early stopping ends the run), and every `every_steps` training
     steps. Give it to every rank: gradients being accumulated are rank-local
-    and get averaged into the checkpoint, and tables sharded across the
-    workers are gathered whole.
+    and get averaged into the checkpoint, and the state held in parts
+    (tables sharded across the workers, tensor-parallel weights, pipeline
+    stages) is gathered whole.
     Only rank 0 writes; it keeps the newest `keep` and the best by `monitor`,
     and never writes a state that is not finite (with `nan_policy` "fail"
     that ends training, with "ignore" the save is skipped).
@@ -78,9 +79,12 @@ class PeriodicCheckpoint(TrainingCallback):
             TrainingError: On rank 0, if the checkpoint cannot be written, or
                 the state is not finite under nan_policy "fail".
         """
+        # The replicas' own statistics, made one: what is saved is every rank's.
+        average_statistics(self.model)
         variables = training_variables(self.model)
-        values = sharding.gather(variables, _with_local_state_averaged(self.model, variables),
-                                 name="hvdtrain.checkpoint")
+        described = whole_state.describe(variables)
+        values = whole_state.gather(variables, _with_local_state_averaged(self.model, variables),
+                                    name="hvdtrain.checkpoint")
         self.last_written = (epoch, step)   # on every rank: they decide the same
         if not runtime.is_main_process():
             return
@@ -98,7 +102,7 @@ class PeriodicCheckpoint(TrainingCallback):
             return
         try:
             path = checkpoint.save(self.directory, values, position, self.settings, metric,
-                                   names=[v.path for v in variables],
+                                   names=[path for path, _, _ in described],
                                    callbacks=kept_states(self.kept))
             checkpoint.retain(self.directory, self.keep,
                               monitor_mode(self.model, self.monitor) if self.monitor else None)

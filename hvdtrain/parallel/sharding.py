@@ -28,7 +28,7 @@ import numpy as np
 
 __all__ = ["NO_XLA", "NO_XLA_TENSOR_PARALLEL", "Placement", "TensorSplit", "gather",
            "has_rows_sharded", "has_shards", "is_rows_sharded", "is_sharded", "logical_shape",
-           "mark", "placement_of", "replicated_copy", "scatter"]
+           "mark", "placement_of", "plain_copy", "replicated_copy", "scatter"]
 
 # Why a model with sharded variables is not compiled with XLA.
 NO_XLA = ("tables sharded across workers (ShardedEmbedding) exchange rows inside the forward "
@@ -146,21 +146,26 @@ def logical_shape(variable):
     return shape if placement is None else placement.whole_shape(shape)
 
 
-def gather(variables, values, name="hvdtrain.shards"):
-    """The whole values of the split ones among `variables`, on rank 0.
+def gather(variables, values, name="hvdtrain.shards", process_set=hvd.global_process_set):
+    """The whole values of the split ones among `variables`, on rank 0 of
+    `process_set`.
 
-    Call it on every rank with the same variables in the same order.
+    Call it on every rank of the set with the same variables in the same
+    order.
 
     Args:
         variables: Keras variables, split or not.
         values: Their values to use (tensors or arrays), in the same order.
         name: A prefix for the collectives' names.
+        process_set: The ranks whose parts make up the whole variables (a
+            pipeline stage's; all of them without a pipeline), ranked
+            within it.
 
     Returns:
         `values` with each part replaced by the whole value (a NumPy array)
-        on rank 0; on other ranks, parts become None.
+        on the set's rank 0; on its other ranks, parts become None.
     """
-    size, rank = hvd.size(), hvd.rank()
+    size, rank = process_set.size(), process_set.rank()
     gathered = []
     for index, (variable, value) in enumerate(zip(variables, values)):
         placement = placement_of(variable)
@@ -178,26 +183,28 @@ def gather(variables, values, name="hvdtrain.shards"):
             # Only `source` sends, and only to rank 0: one part in flight.
             sending = part if rank == source else part[:0]
             received, _ = hvd.alltoall(sending, splits=[len(sending)] + [0] * (size - 1),
-                                       name=f"{name}.gather.{index}.{source}")
+                                       name=f"{name}.gather.{index}.{source}",
+                                       process_set=process_set)
             if rank == 0:
                 placement.place(whole, received.numpy(), source, size)
         gathered.append(whole if rank == 0 else None)
     return gathered
 
 
-def scatter(variables, values, name="hvdtrain.shards"):
+def scatter(variables, values, name="hvdtrain.shards", process_set=hvd.global_process_set):
     """Sets each split variable among `variables` to its part of the whole
-    value rank 0 holds. Call it on every rank with the same variables in the
-    same order.
+    value rank 0 of `process_set` holds. Call it on every rank of the set
+    with the same variables in the same order.
 
     Args:
         variables: Keras variables; those not split are left alone.
-        values: On rank 0, the whole value of each of `variables` (arrays;
-            entries for unsplit ones are not read); on other ranks, not read
-            (None will do).
+        values: On the set's rank 0, the whole value of each of `variables`
+            (arrays; entries for unsplit ones are not read); on its other
+            ranks, not read (None will do).
         name: A prefix for the collectives' names.
+        process_set: As for `gather`.
     """
-    size, rank = hvd.size(), hvd.rank()
+    size, rank = process_set.size(), process_set.rank()
     for index, variable in enumerate(variables):
         placement = placement_of(variable)
         if placement is None:
@@ -217,7 +224,8 @@ def scatter(variables, values, name="hvdtrain.shards"):
             else:
                 sending = empty
             received, _ = hvd.alltoall(sending, splits=splits,
-                                       name=f"{name}.scatter.{index}.{target}")
+                                       name=f"{name}.scatter.{index}.{target}",
+                                       process_set=process_set)
             if rank == target:
                 variable.assign(received)
 
@@ -233,14 +241,24 @@ def replicated_copy(model):
         The copy on rank 0, None on the other ranks; `model` itself if it
         has no such layer.
     """
-    if not any(hasattr(layer, "plain_layer") for layer in model.layers):
+    if not _has_plain_layers(model):
         return model
     weights = model.weights
     whole = gather(weights, weights, name="hvdtrain.export")
     if hvd.rank() != 0:
         return None
-    values = {id(weight): np.asarray(keras.ops.convert_to_numpy(value))
-              for weight, value in zip(weights, whole)}
+    return plain_copy(model, {weight.path: np.asarray(keras.ops.convert_to_numpy(value))
+                              for weight, value in zip(weights, whole)})
+
+
+def plain_copy(model, values):
+    """`model` holding `values` ({weight path: whole value}), each layer
+    with a `plain_layer()` replaced by that plain Keras layer in a copy;
+    `model` itself, its weights set, if it has none."""
+    if not _has_plain_layers(model):
+        for weight in model.weights:
+            weight.assign(values[weight.path])
+        return model
 
     def clone(layer):
         if hasattr(layer, "plain_layer"):
@@ -250,5 +268,9 @@ def replicated_copy(model):
     copy = keras.models.clone_model(model, clone_function=clone)
     for layer in model.layers:   # cloned layers keep their names (the inputs' are new)
         if layer.weights:
-            copy.get_layer(layer.name).set_weights([values[id(w)] for w in layer.weights])
+            copy.get_layer(layer.name).set_weights([values[w.path] for w in layer.weights])
     return copy
+
+
+def _has_plain_layers(model):
+    return any(hasattr(layer, "plain_layer") for layer in model.layers)

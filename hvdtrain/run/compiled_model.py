@@ -5,11 +5,12 @@ that a checkpoint's variables fit either."""
 
 import horovod.tensorflow as hvd
 import keras
+from absl import logging
 
 from hvdtrain import layout
 from hvdtrain.config import CLIPPING, OPTIMIZERS
 from hvdtrain.errors import UsageError
-from hvdtrain.parallel import collectives, sharding
+from hvdtrain.parallel import collectives, pipeline, sharding
 from hvdtrain.parallel.data.compression import Compression
 from hvdtrain.parallel.data.optimizer import DistributedOptimizer
 from hvdtrain.run import xla
@@ -18,8 +19,9 @@ __all__ = ["build", "compile_model", "keras_optimizer"]
 
 
 def build(recipe, config):
-    """The recipe's model for `config`, compiled (`compile_model`). Call it
-    on every rank.
+    """The recipe's model for `config`, compiled (`compile_model`): with
+    --pipeline_parallel, a `hvdtrain.pipeline.Pipeline` of its stages. Call
+    it on every rank.
 
     Raises:
         UsageError: On every rank, if `build_model` returned no Keras model
@@ -34,7 +36,28 @@ def build(recipe, config):
         error = e
     collectives.raise_together(error)
     _check_the_same_on_every_rank(model, recipe.name)
+    if config.pipeline_parallel > 1:
+        model = _pipelined(model, config)
     return compile_model(model, recipe, config)
+
+
+def _pipelined(model, config):
+    """`model` cut into --pipeline_parallel stages (at --pipeline_cuts, or
+    where its parameters split most evenly), this rank's stage run by a
+    Pipeline of --microbatches."""
+    stages = pipeline.cut(model, at=config.pipeline_cut_points() or None,
+                          stages=config.pipeline_parallel)
+    microbatches = config.pipeline_microbatches()
+    if microbatches < config.pipeline_parallel and hvd.rank() == 0:
+        logging.warning("--microbatches=%d is fewer than the %d stages: each stage waits %.0f%% "
+                        "of every step (the bubble; %.0f%% at --microbatches=%d)", microbatches,
+                        config.pipeline_parallel,
+                        100 * pipeline.bubble(config.pipeline_parallel, microbatches),
+                        100 * pipeline.bubble(config.pipeline_parallel,
+                                              4 * config.pipeline_parallel),
+                        4 * config.pipeline_parallel)
+    return pipeline.Pipeline(stages, microbatches, config.pipeline_schedule,
+                             name=f"{model.name}_pipeline")
 
 
 def _check_the_same_on_every_rank(model, recipe_name):

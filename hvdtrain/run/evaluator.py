@@ -29,13 +29,18 @@ from hvdtrain.errors import TrainingError, UsageError
 from hvdtrain.faults import watchdog
 from hvdtrain.parallel import collectives, sharding
 from hvdtrain.run import compiled_model
-from hvdtrain.state import atomic_files, checkpoint, export, training_state
+from hvdtrain.state import atomic_files, checkpoint, export, training_state, whole_state
 from hvdtrain.state import model_dir as model_dir_lib
 from hvdtrain.tools import run_log
 
 __all__ = ["Evaluation", "VALIDATION", "describe", "evaluate"]
 
 VALIDATION = "validation"   # the split training validates on (Recipe.load_data)
+# The settings evaluating may change; the others (the model, the optimizer,
+# the precision) are the run's own.
+CHANGEABLE = ("batch_size", "data_dir", "intra_op_threads", "inter_op_threads", "model_dir",
+              "pipeline_parallel", "microbatches", "pipeline_schedule", "tensor_parallel",
+              "verbose_all_ranks")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +64,7 @@ class Evaluation:
     path: pathlib.Path
 
 
-def evaluate(config, split=VALIDATION, checkpoint_name=None, output=None, recipe_given=False):
+def evaluate(config, split=VALIDATION, checkpoint_name=None, output=None, given=None):
     """Evaluates a run's model on a split of its recipe's data. Call it on
     every process; it calls `hvdtrain.init` itself.
 
@@ -74,29 +79,37 @@ def evaluate(config, split=VALIDATION, checkpoint_name=None, output=None, recipe
             exported model.
         output: The JSON file to write; default `model_dir/evaluation-SPLIT.json`
             (with `-CHECKPOINT` before `.json` for a checkpoint).
-        recipe_given: Whether `config.recipe` was asked for explicitly; then
-            it must be the run's.
+        given: The names of the settings asked for (the flags given): those
+            of `CHANGEABLE` replace the run's, a `recipe` must be the run's,
+            and any other is refused. None: those of them whose value in
+            `config` is not TrainConfig's default.
 
     Returns:
         An `Evaluation`.
 
     Raises:
-        UsageError: On every rank, with one line: no model or no such
-            checkpoint, a damaged one, one of another recipe or that does not
+        UsageError: On every rank, with one line: a setting given that
+            evaluating cannot change, no model or no such checkpoint, a damaged one, one of another recipe or that does not
             fit the recipe's model, an unknown split, or bad data.
     """
+    given = _asked_for(config) if given is None else frozenset(given)
     model_dir = pathlib.Path(config.model_dir
                              or model_dir_lib.DEFAULT_PARENT / recipe_lib.get(config.recipe).name)
-    runtime.init(config.intra_op_threads, config.inter_op_threads,
-                 stall_timeout=config.stall_timeout, verbose_all_ranks=config.verbose_all_ranks,
-                 tensor_parallel=config.tensor_parallel)
+    refused = sorted(given - {*CHANGEABLE, "recipe"})
+    if refused:
+        raise UsageError(f"--{refused[0]} is the run's own when evaluating; hvdtrain evaluate "
+                         f"may change --{', --'.join(CHANGEABLE)}")
+    # The run's layout is known once its settings are read: its process sets
+    # are made then.
+    runtime.init(config.intra_op_threads, config.inter_op_threads, process_sets="dynamic",
+                 stall_timeout=config.stall_timeout, verbose_all_ranks=config.verbose_all_ranks)
     try:
-        return _evaluate(config, model_dir, split, checkpoint_name, output, recipe_given)
+        return _evaluate(config, model_dir, split, checkpoint_name, output, given)
     finally:
         runtime.stop_watching()
 
 
-def _evaluate(given, model_dir, split, checkpoint_name, output, recipe_given):
+def _evaluate(asked, model_dir, split, checkpoint_name, output, given):
     watchdog.progress("reading the model")
     source, settings, stored, error = None, None, None, None
     path = None
@@ -112,7 +125,8 @@ def _evaluate(given, model_dir, split, checkpoint_name, output, recipe_given):
     collectives.raise_together(error)
     source, settings = hvd.broadcast_object((source, settings), root_rank=0,
                                             name="hvdtrain.evaluate.source")
-    config = _settings(given, settings, source, recipe_given)
+    config = _settings(asked, given, settings, source)
+    layout.arrange(config.tensor_parallel, config.pipeline_parallel)
     recipe = recipe_lib.get(config.recipe)
     load_split = _split_loader(recipe, split)
     # The run's precision, before any layer is made.
@@ -121,20 +135,24 @@ def _evaluate(given, model_dir, split, checkpoint_name, output, recipe_given):
     watchdog.progress("building the model")
     model = compiled_model.build(recipe, config)
     # A checkpoint holds the optimizer's variables too (on every rank: each
-    # takes its rows of the sharded ones).
+    # takes its part of them).
     loaded = model.weights
     if checkpoint_name:
         model.optimizer.build(model.trainable_variables)
         loaded = training_state.training_variables(model)
+    described = whole_state.describe(loaded)
     error, values = None, None
     if runtime.is_main_process():
         try:
-            values = _load(model, recipe.name, source, stored)
+            values = _load(model, described, recipe.name, source, stored)
         except UsageError as e:
             error = e
     collectives.raise_together(error)
+    whole_state.scatter(loaded, values, name="hvdtrain.evaluate")
+    if checkpoint_name:
+        # What validation evaluated: the weights' moving average, if kept.
+        model.optimizer.finalize_variable_values(model.trainable_weights)
     collectives.broadcast_variables(model.variables, root_rank=0)
-    sharding.scatter(loaded, values, name="hvdtrain.evaluate")
 
     watchdog.progress("loading data")
     data = load_split(config)
@@ -210,25 +228,35 @@ def _log_records(model_dir):
         return []   # no log, or not one of ours: the flags and the recipe's defaults apply
 
 
-def _settings(given, recorded, source, recipe_given):
-    """The settings to evaluate with: the run's, under those given."""
+def _settings(asked, given, recorded, source):
+    """The settings to evaluate with: the run's, under those `given` of the
+    settings `asked`."""
     if recorded is None:
-        return given
-    if recipe_given and not given.same_recipe(recorded):
+        return asked
+    recipe_given = "recipe" in given
+    if recipe_given and not asked.same_recipe(recorded):
         raise UsageError(f"{source} was trained with recipe {recorded['recipe']}, not "
-                         f"{given.recipe}: evaluate it with --recipe={recorded['recipe']} "
+                         f"{asked.recipe}: evaluate it with --recipe={recorded['recipe']} "
                          "(or leave --recipe out)")
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     run = TrainConfig(**{k: v for k, v in recorded.items() if k in known})
     if recipe_given:
-        run = run.override(recipe=given.recipe)   # where the recipe's file is now
+        run = run.override(recipe=asked.recipe)   # where the recipe's file is now
     elif run.recipe.endswith(".py") and not pathlib.Path(run.recipe).is_file():
         raise UsageError(f"{source} was trained with the recipe file {run.recipe}, which is "
                          "gone; give the file's path now with --recipe")
-    # What evaluating may change; the rest (model, optimizer, precision) is the run's.
-    return run.override(**{name: getattr(given, name) for name in (
-        "batch_size", "data_dir", "intra_op_threads", "inter_op_threads", "model_dir",
-        "tensor_parallel", "verbose_all_ranks")}).override(jit_compile=False)
+    # The directory the run is in now, wherever it trained.
+    changed = {name: getattr(asked, name) for name in CHANGEABLE
+               if name in given or name == "model_dir"}
+    return run.override(**changed).override(jit_compile=False)
+
+
+def _asked_for(config):
+    """The settings of `config` that evaluating heeds and that are not
+    TrainConfig's defaults."""
+    default = TrainConfig()
+    return frozenset(name for name in (*CHANGEABLE, "recipe")
+                     if getattr(config, name) != getattr(default, name))
 
 
 def _split_loader(recipe, split):
@@ -252,32 +280,26 @@ def _other_splits(recipe):
     return f"choose one of {', '.join(names)}" if names else "it has nothing to evaluate on"
 
 
-def _load(model, recipe_name, source, stored):
-    """Sets `model`'s weights (rank 0) from the checkpoint `stored`
-    (checkpoint.read's), or from the `.keras` file `source`, all but those of
-    sharded tables; returns the values read, whose rows of those tables
-    sharding.scatter then gives the workers. With a checkpoint, build the
-    optimizer first."""
+def _load(model, described, recipe_name, source, stored):
+    """The whole state to load (`whole_state`'s order, as `described`), on
+    rank 0: the checkpoint `stored` (checkpoint.read's), or the weights of
+    the `.keras` file `source`."""
     if stored is not None:
         found, values = stored
-        checkpoint.assign(training_state.training_variables(model), found, values)
-        # What validation evaluated: the weights' moving average, if kept.
-        model.optimizer.finalize_variable_values(model.trainable_weights)
+        checkpoint.check_fits(described, found, values)
         return values
     try:
         trained = keras.saving.load_model(source, compile=False)
     except Exception as e:   # Keras raises many kinds for a file it cannot read
         raise UsageError(f"cannot load {source} ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''}); export it again") from None
-    mismatch = _mismatch(model.weights, trained.weights)
+    whole = getattr(model, "whole", model)   # a pipeline's stages, joined
+    mismatch = _mismatch(whole.weights, trained.weights)
     if mismatch:
         raise UsageError(f"the model in {source} does not fit recipe {recipe_name}'s: {mismatch}; "
                          "evaluate it with the recipe and --option values that trained it")
-    values = [weight.numpy() for weight in trained.weights]
-    for weight, value in zip(model.weights, values):
-        if not sharding.is_sharded(weight):
-            weight.assign(value)
-    return values
+    by_path = {mine.path: theirs.numpy() for mine, theirs in zip(whole.weights, trained.weights)}
+    return [by_path[path] for path, _, _ in described]
 
 
 def _mismatch(expected, found):

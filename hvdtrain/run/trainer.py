@@ -13,15 +13,16 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from hvdtrain import callbacks, layers, layout, runtime, schedules
+from hvdtrain import callbacks, layout, runtime, schedules
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.data import input_errors
 from hvdtrain.errors import TrainingError, UsageError
 from hvdtrain.faults import preemption, watchdog
 from hvdtrain.parallel import collectives, sharding
 from hvdtrain.parallel.data import optimizer as optimizer_lib
+from hvdtrain.parallel.data import statistics
 from hvdtrain.run import compiled_model, fit
-from hvdtrain.state import checkpoint, elastic, export, run_lock, training_state
+from hvdtrain.state import checkpoint, elastic, export, run_lock, training_state, whole_state
 from hvdtrain.state.model_dir import DEFAULT_PARENT, check_usable
 from hvdtrain.state.training_state import Position
 from hvdtrain.tools import flops, throughput
@@ -92,7 +93,8 @@ def train(config):
     runtime.init(config.intra_op_threads, config.inter_op_threads, precision=config.precision,
                  stall_timeout=config.stall_timeout, timeline=bool(config.timeline_steps),
                  verbose_all_ranks=config.verbose_all_ranks,
-                 tensor_parallel=config.tensor_parallel)
+                 tensor_parallel=config.tensor_parallel,
+                 pipeline_parallel=config.pipeline_parallel)
     if _stops_cleanly(config):
         preemption.install(preemption.parse_signals(config.preemption_signals))
     try:
@@ -121,11 +123,12 @@ def _train(config, recipe, model_dir):
     model = compiled_model.build(recipe, config)
 
     if elastic.launched():
-        if sharding.has_shards(model) or layout.tensor_size() > 1:
+        if (sharding.has_shards(model) or layout.tensor_size() > 1
+                or layout.pipeline_size() > 1):
             raise UsageError("elastic mode cannot reshard weights split across workers "
-                             "(ShardedEmbedding, tensor-parallel layers) when workers come and "
-                             "go; run with a fixed -np, --resume reshards them at another "
-                             "number of workers")
+                             "(ShardedEmbedding, tensor-parallel layers, pipeline stages) when "
+                             "workers come and go; run with a fixed -np, --resume reshards them "
+                             "at another number of workers")
         state = elastic.KerasState(model, position=None, kept_states={})
         result = elastic.run(_train_from)(state, model, recipe, config, model_dir)
     else:
@@ -138,11 +141,12 @@ def _train(config, recipe, model_dir):
     # was validated is what is exported (Keras's fit does this at its end;
     # a run here may take several fits, or none when resumed at its end).
     model.optimizer.finalize_variable_values(model.trainable_weights)
+    statistics.average_statistics(model)   # what validation and the checkpoints saw
     _refuse_non_finite(model, model_dir)
     if config.export:
         watchdog.progress("exporting the model")
-        # Sharded tables become whole ones, gathered from every worker.
-        exported = layers.replicated_copy(model)
+        # Split weights become whole, and a pipeline's stages one model.
+        exported = whole_state.plain_model(model)
         if runtime.is_main_process():
             export.export(exported, model_dir)
     return result
@@ -177,12 +181,14 @@ def _train_from(state, model, recipe, config, model_dir, vote=None):
     train_data, validation_data = splits.train, splits.validation
     steps = train_data.steps
     replicas = layout.data_size()
-    if layout.tensor_size() > 1:
-        logging.info("%d workers = %d data-parallel replicas x %d tensor-parallel ranks",
-                     hvd.size(), replicas, layout.tensor_size())
+    split = replicas < hvd.size()
+    if split:
+        logging.info("%d workers = %d data-parallel replicas x %d tensor-parallel ranks x %d "
+                     "pipeline stages", hvd.size(), replicas, layout.tensor_size(),
+                     layout.pipeline_size())
     logging.info("%d %s x batch %d = global batch %d; %d steps per epoch; "
                  "%d of %d training examples left out each epoch",
-                 replicas, "replicas" if layout.tensor_size() > 1 else "workers",
+                 replicas, "replicas" if split else "workers",
                  config.batch_size, replicas * config.batch_size,
                  steps, train_data.dropped, train_data.examples)
 
@@ -235,8 +241,10 @@ def _train_from(state, model, recipe, config, model_dir, vote=None):
 
 
 def _parameters(model):
-    """The whole model's trainable parameters (of every part of split weights)."""
-    return sum(math.prod(sharding.logical_shape(v)) for v in model.trainable_weights)
+    """The whole model's trainable parameters (of every part of split
+    weights, and every stage of a pipeline)."""
+    whole = getattr(model, "whole", model)
+    return sum(math.prod(sharding.logical_shape(v)) for v in whole.trainable_weights)
 
 
 def _close_summaries(ordered):
@@ -325,7 +333,7 @@ def _callbacks(state, vote, config, model_dir, learning_rate, steps, validation_
     where the run stands."""
     kept_states = kept_states or {}
     # The ranks of a replica share its batch: each counts its share.
-    meter = callbacks.Throughput(config.batch_size / layout.tensor_size(),
+    meter = callbacks.Throughput(config.batch_size * layout.data_size() / hvd.size(),
                                  config.throughput_warmup_steps, config.throughput_window_steps)
     chosen = [meter, callbacks.WatchdogProgress(), callbacks.BroadcastInitialState(root_rank=0),
               callbacks.AverageMetrics(),

@@ -23,10 +23,12 @@ go on; its variables reach the other ranks with the broadcast at the start of
 training, so the checkpoint directory need not be shared between hosts. The
 run goes on at the batch after the checkpoint (see run/fit.py).
 
-A table sharded across the workers (hvdtrain.parallel.sharding) is saved whole, in
-row order, as rank 0 gathers it, and each worker takes its rows back when a
-run resumes: the checkpoint is one atomic directory like any other, and
-resumes on any number of workers.
+The state is saved whole as rank 0 gathers it (hvdtrain.state.whole_state):
+a table sharded across the workers in row order, a tensor-parallel weight
+whole, and with pipeline parallelism every stage's variables, stage after
+stage; each worker takes its part back when a run resumes. The checkpoint is
+one atomic directory like any other, and resumes on any number of workers
+and tensor-parallel ranks (with the pipeline's stages as they were).
 """
 
 import dataclasses
@@ -44,12 +46,12 @@ from absl import logging
 
 from hvdtrain import layout, runtime
 from hvdtrain.errors import UsageError
-from hvdtrain.parallel import collectives, sharding
-from hvdtrain.state import atomic_files
+from hvdtrain.parallel import collectives
+from hvdtrain.state import atomic_files, whole_state
 from hvdtrain.state.training_state import Position, continue_at, training_variables
 
 __all__ = ["FORMAT", "META", "STATE_SETTINGS", "VARIABLES", "Checkpoint", "CorruptCheckpoint",
-           "all_finite", "assign", "listed", "newest", "read", "refuse_to_overwrite", "restore",
+           "all_finite", "check_fits", "listed", "newest", "read", "refuse_to_overwrite", "restore",
            "retain", "save"]
 
 VARIABLES = "variables.npz"
@@ -58,7 +60,8 @@ FORMAT = 1
 _NAME = re.compile(r"^epoch-(\d+)-step-(\d+)$")
 
 # Settings that shape the saved state: resuming with others cannot fit it.
-STATE_SETTINGS = ("recipe", "optimizer", "precision", "backward_passes_per_step")
+STATE_SETTINGS = ("recipe", "optimizer", "precision", "backward_passes_per_step",
+                  "pipeline_parallel", "pipeline_cuts")
 
 
 class CorruptCheckpoint(Exception):
@@ -204,14 +207,13 @@ def newest(directory):
     return None
 
 
-def assign(variables, checkpoint, values):
-    """Sets `variables` to a checkpoint's values, after checking that all of
-    them fit: a checkpoint is loaded whole or not at all. Sharded variables
-    are checked against their whole table and left for `sharding.scatter`.
+def check_fits(described, checkpoint, values):
+    """Checks that a checkpoint's values fit the state they would be loaded
+    into, all of them: a checkpoint is loaded whole or not at all.
 
     Args:
-        variables: The Keras variables to set, in the order they were saved
-            (`training_state.training_variables`).
+        described: The state's variables as `whole_state.describe` gives
+            them: (path, whole shape, dtype) in the order they were saved.
         checkpoint: The `Checkpoint` the values come from, named in errors.
         values: Its values, as `read` returns them.
 
@@ -219,23 +221,18 @@ def assign(variables, checkpoint, values):
         UsageError: If the number of variables or a shape differs: the
             checkpoint was written by another model or settings.
     """
-    variables = list(variables)
     mismatch = None
-    if len(values) != len(variables):
-        mismatch = f"it holds {len(values)} variables, the model and optimizer {len(variables)}"
+    if len(values) != len(described):
+        mismatch = f"it holds {len(values)} variables, the model and optimizer {len(described)}"
     else:
-        for variable, value in zip(variables, values):
-            if sharding.logical_shape(variable) != value.shape:
-                mismatch = (f"{variable.path} has shape {sharding.logical_shape(variable)} "
-                            f"there, {value.shape} in the checkpoint")
+        for (path, shape, _), value in zip(described, values):
+            if tuple(shape) != value.shape:
+                mismatch = f"{path} has shape {tuple(shape)} there, {value.shape} in the checkpoint"
                 break
     if mismatch:
         raise UsageError(f"checkpoint {checkpoint.path} does not fit this model: {mismatch}; "
                          "resume with the recipe and settings that wrote it, or use a new "
                          "--model_dir")
-    for variable, value in zip(variables, values):
-        if not sharding.is_sharded(variable):
-            variable.assign(value)
 
 
 def retain(directory, keep, mode=None):
@@ -269,9 +266,11 @@ def retain(directory, keep, mode=None):
 
 def restore(model, directory, config, steps):
     """Restores the newest intact checkpoint under `directory` into `model`
-    on rank 0 and tells every rank where training goes on. Call it on every
-    rank; the other ranks get the variables with the broadcast at the start
-    of training.
+    and tells every rank where training goes on. Call it on every rank:
+    rank 0 reads it, and each stage's leader (rank 0 without a pipeline)
+    takes its variables, the ranks of a stage their parts of split ones;
+    the other replicas get theirs with the broadcast at the start of
+    training.
 
     Args:
         model: The compiled Keras model (its optimizer is built if needed).
@@ -289,18 +288,20 @@ def restore(model, directory, config, steps):
     Raises:
         UsageError: On every rank, if all checkpoints are damaged, the newest
             intact one was written with another recipe, optimizer, precision,
-            backward_passes_per_step or use of EMA, or its variables do not
-            fit the model.
+            backward_passes_per_step, pipeline or use of EMA, or its
+            variables do not fit the model.
     """
     # On every rank: the state restored includes the optimizer's variables,
-    # and each rank takes its rows of the sharded ones.
+    # and each rank takes its part of it.
     if not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
+    variables = training_variables(model)
+    described = whole_state.describe(variables)
     error, found, values = None, None, None
     if runtime.is_main_process():
         atomic_files.remove_unfinished(directory)
         try:
-            found, values = _load_newest(model, directory, config)
+            found, values = _load_newest(described, directory, config)
         except UsageError as e:
             error = e
     collectives.raise_together(error)
@@ -310,7 +311,7 @@ def restore(model, directory, config, steps):
     if saved is None:
         logging.info("no checkpoint in %s: training from the start", directory)
         return 0, 0, None, {}
-    sharding.scatter(training_variables(model), values, name="hvdtrain.restore")
+    whole_state.scatter(variables, values, name="hvdtrain.restore")
     # Counted in data-parallel replicas: the workers, without tensor parallelism.
     replicas = layout.data_size()
     epoch, step = continue_at(saved, steps, replicas, config.batch_size)
@@ -340,7 +341,7 @@ def refuse_to_overwrite(directory):
     collectives.raise_together(error)
 
 
-def _load_newest(model, directory, config):
+def _load_newest(described, directory, config):
     loaded = newest(directory)
     if loaded is None:
         if listed(directory):
@@ -367,7 +368,7 @@ def _load_newest(model, directory, config):
     if changed:
         logging.info("resuming with changed settings: %s", ", ".join(
             f"{name} {old} -> {new}" for name, (old, new) in sorted(changed.items())))
-    assign(training_variables(model), found, values)
+    check_fits(described, found, values)
     return found, values
 
 

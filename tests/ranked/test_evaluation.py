@@ -1,4 +1,5 @@
-"""Distributed evaluation equals a single-process evaluation of the whole split."""
+"""Distributed evaluation equals a single-process evaluation of the whole
+split; the statistics each replica keeps of its own batches become one."""
 
 import json
 
@@ -31,3 +32,28 @@ def test_uneven_split_evaluates_exactly(examples, references):
     assert set(np2) == set(np1) == {"loss", "accuracy", "sparse_top_k_categorical_accuracy"}
     for name in np1:
         assert np2[name] == pytest.approx(np1[name], rel=1e-6), name
+
+
+@pytest.mark.launches(controllers=("gloo",))
+def test_the_replicas_statistics_become_their_average_and_frozen_weights_stay():
+    import horovod.tensorflow as hvd
+    import keras
+    import numpy as np
+
+    from hvdtrain.parallel.data.statistics import average_statistics
+
+    keras.utils.set_random_seed(0)   # the same frozen weights on every rank, as broadcast
+    inputs = keras.Input((3,))
+    frozen = keras.layers.Dense(2, trainable=False, name="frozen")
+    model = keras.Model(inputs, frozen(keras.layers.BatchNormalization(name="norm")(inputs)))
+    norm = model.get_layer("norm")
+    # Each rank's own batches gave it its own moving statistics.
+    norm.moving_mean.assign(np.full(3, 1.0 + hvd.rank(), "float32"))
+    norm.moving_variance.assign(np.full(3, 0.1 * (1 + hvd.rank()), "float32"))
+    kernel = np.asarray(frozen.kernel.numpy())
+    average_statistics(model)
+    np.testing.assert_allclose(norm.moving_mean.numpy(), 1.5, rtol=1e-7)
+    np.testing.assert_allclose(norm.moving_variance.numpy(), 0.15, rtol=1e-6)
+    for value in gathered(norm.moving_variance.numpy()):
+        np.testing.assert_array_equal(value, norm.moving_variance.numpy())
+    np.testing.assert_array_equal(frozen.kernel.numpy(), kernel)

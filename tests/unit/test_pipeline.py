@@ -68,12 +68,16 @@ def test_a_pipeline_is_outermost_and_its_neighbours_have_process_sets():
     assert arranged.tensor_group(5) == [4, 5]
     assert arranged.data_group(5) == [5, 7]
     assert arranged.pipeline_group(5) == [1, 5]
+    assert arranged.stage_group(5) == [4, 5, 6, 7]
+    # The pairs: tensor-parallel, data-parallel, pipelines; then each stage's ranks.
     assert arranged.groups() == [[0, 1], [0, 2], [0, 4], [1, 3], [1, 5], [2, 3], [2, 6],
-                                 [3, 7], [4, 5], [4, 6], [5, 7], [6, 7]]
+                                 [3, 7], [4, 5], [4, 6], [5, 7], [6, 7], [0, 1, 2, 3],
+                                 [4, 5, 6, 7]]
     # Four stages: the pipeline's group and each pair of neighbours.
     deep = Layout(4, pipeline=4)
     assert deep.groups() == [[0, 1], [1, 2], [2, 3]]
     assert Layout(8, pipeline=4).groups()[-2:] == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert Layout(8, pipeline=4).stage_group(3) == [2, 3]
 
 
 def residual_model():
@@ -127,15 +131,15 @@ def test_cut_points_that_do_not_cut_the_model_are_refused(at, message):
         pipeline.cut(residual_model(), at=at)
 
 
-def test_a_tied_embedding_cannot_be_cut_apart():
+def test_a_tied_embedding_is_held_by_both_stages_it_runs_on():
     ids = keras.Input((5,), dtype="int32")
     embedding = keras.layers.ReversibleEmbedding(10, 4, name="tokens")
     h = keras.layers.Dense(4, name="mix")(embedding(ids))
     model = keras.Model(ids, embedding(h, reverse=True))
-    with pytest.raises(UsageError, match="cannot be cut at layer 'mix'.*tied embedding"):
-        pipeline.cut(model, at=["mix"])
-    with pytest.raises(UsageError, match="at most 1 pipeline stages, not 2"):
-        pipeline.cut(model, stages=2)
+    first, second = pipeline.cut(model, at=["mix"])
+    assert [v.path for v in first.weights] == ["tokens/embeddings", "mix/kernel", "mix/bias"]
+    assert [v.path for v in second.weights] == ["tokens/embeddings"]
+    assert first.weights[0] is second.weights[0]
 
 
 def test_indices_out_of_range_and_subclassed_models_are_refused():

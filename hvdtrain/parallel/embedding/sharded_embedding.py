@@ -85,12 +85,12 @@ class ShardedEmbedding(keras.layers.Layer):
         return sharding.Placement(self.input_dim, owner)
 
     def build(self, input_shape=None):
-        if layout.tensor_size() > 1:
+        if layout.tensor_size() > 1 or layout.pipeline_size() > 1:
             # Its lookups go to every worker, and a replica's ranks would
-            # each send the same ids: their rows' gradients would count T times.
+            # each send the same ids (or only one stage would look them up).
             raise UsageError(f"ShardedEmbedding '{self.name}' shards over all workers, not "
-                             "by replica: with --tensor_parallel, split the table with "
-                             "hvdtrain.layers.VocabParallelEmbedding")
+                             "by replica: with --tensor_parallel or --pipeline_parallel, split "
+                             "the table with hvdtrain.layers.VocabParallelEmbedding")
         rows = self.placement.shard_rows(hvd.rank(), hvd.size())
         memory.refuse_too_large(f"embedding table '{self.name}'",
                                 rows * self.output_dim * tf.as_dtype(self.variable_dtype).size)

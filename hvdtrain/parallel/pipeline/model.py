@@ -52,6 +52,7 @@ class Pipeline(keras.Model):
         stages: One built functional `keras.Model` per stage (every rank
             gives all of them; it keeps its own stage and the last stage's
             output shapes): the outputs of each are the inputs of the next.
+            Those `cut` returns also hold the model they were cut from.
         microbatches: M: the micro-batches each batch is split into (M >= P
             keeps the bubble at (P - 1) / (M + P - 1) of a step).
         schedule: "1f1b" (at most P micro-batches' activations held) or
@@ -65,6 +66,7 @@ class Pipeline(keras.Model):
 
     def __init__(self, stages, microbatches, schedule="1f1b", name="pipeline"):
         super().__init__(name=name)
+        whole = getattr(stages, "model", None)
         stages = list(stages)
         count = layout.pipeline_size()
         if len(stages) != count:
@@ -82,9 +84,20 @@ class Pipeline(keras.Model):
         self.stage = stages[self.stage_index]
         self._actions = schedules.SCHEDULES[schedule](count, microbatches, self.stage_index)
         last = stages[-1]
-        self._last_output_specs = [(tuple(t.shape), t.dtype) for t in last.outputs]
+        self._last_output_specs = [keras.KerasTensor(t.shape, t.dtype) for t in last.outputs]
         self._single_output = not isinstance(last.output, (list, tuple, dict))
+        self._whole = _Untracked(whole or _joined(stages))
+        self._tied = _tied(stages)
+        if self._tied and count > 1:
+            self._start_tied_alike()
         self.built = True
+
+    @property
+    def whole(self):
+        """The whole model, sharing the stages' layers (on this rank only
+        its stage's are trained): the model they were cut from, or the
+        stages given called one after the other."""
+        return self._whole.value
 
     def compile(self, optimizer="rmsprop", *args, jit_compile=False, **kwargs):
         """Keras's `compile`, refusing what a pipeline cannot do (see the class)."""
@@ -112,18 +125,10 @@ class Pipeline(keras.Model):
             return self.stage(inputs, training=training)
         step = _Passes(self, "call")
         outputs = step.forward(inputs, 0, training)
-        batch = tf.shape(keras.tree.flatten(inputs)[0])[0]
-        if self.last:
-            values = keras.tree.flatten(outputs)
-        else:
-            values = [transfer.zeros(tf.concat([[batch], shape[1:]], 0), dtype)
-                      for shape, dtype in self._last_output_specs]
-        root = layout.current().pipeline_group(hvd.rank())[-1]
-        values[0] = transfer.depending_on(values[0], step.sent)
-        with collectives.root_name_scope():
-            values = [hvd.broadcast(value, root, name=f"hvdtrain.pipeline.call.output.{j}",
-                                    ignore_name_scope=True, process_set=layout.pipeline_set())
-                      for j, value in enumerate(values)]
+        values = (keras.tree.flatten(outputs) if self.last
+                  else [None] * len(self._last_output_specs))
+        values = transfer.from_last_stage(values, self._last_output_specs,
+                                          "hvdtrain.pipeline.call.output", after=step.sent)
         return values[0] if self._single_output else values
 
     def train_step(self, data):
@@ -135,6 +140,8 @@ class Pipeline(keras.Model):
                              training=True)
             else:
                 step.backward(action.microbatch)
+        if self._tied and self.stage_count > 1:
+            self._sum_tied_gradients(step)
         self.optimizer.apply(step.gradients, self.stage.trainable_variables)
         return self._metrics_after(step, y)
 
@@ -144,6 +151,39 @@ class Pipeline(keras.Model):
         for i in range(self.microbatches):
             step.forward(step.microbatch_inputs(i), i, training=False)
         return self._metrics_after(step, y)
+
+    def _start_tied_alike(self):
+        """Gives each weight that several stages hold (`_tied`) the value
+        of its first stage, on the others."""
+        values = [_value_on(v, stages[0] == self.stage_index) for v, stages in self._tied]
+        with collectives.root_name_scope():
+            values = [hvd.broadcast(value, layout.current().pipeline_group(hvd.rank())[stages[0]],
+                                    name=f"hvdtrain.pipeline.tied.start.{j}",
+                                    process_set=layout.pipeline_set())
+                      for j, (value, (_, stages)) in enumerate(zip(values, self._tied))]
+        for (variable, stages), value in zip(self._tied, values):
+            if self.stage_index in stages:
+                variable.assign(value)
+
+    def _sum_tied_gradients(self, step):
+        """The gradient of a weight that several stages hold is the sum of
+        theirs (Megatron-LM's tied embedding and head): each then takes the
+        same step."""
+        index = {id(v): k for k, v in enumerate(self.stage.trainable_variables)}
+        mine = []
+        for variable, _ in self._tied:
+            k = index.get(id(variable))
+            gradient = None if k is None else step.gradients[k]
+            mine.append(transfer.zeros(variable.shape, variable.dtype) if gradient is None
+                        else tf.convert_to_tensor(gradient))
+        mine[0] = transfer.depending_on(mine[0], step.sent)
+        with collectives.root_name_scope():
+            summed = hvd.grouped_allreduce(mine, op=hvd.Sum, name="hvdtrain.pipeline.tied",
+                                           ignore_name_scope=True,
+                                           process_set=layout.pipeline_set())
+        for (variable, _), gradient in zip(self._tied, summed):
+            if id(variable) in index:
+                step.gradients[index[id(variable)]] = gradient
 
     def _metrics_after(self, step, y):
         """The logs of a step, the same on every stage: the last stage's
@@ -159,8 +199,7 @@ class Pipeline(keras.Model):
     def _build_metrics_as_the_last_stage(self, y):
         """The compiled metrics and losses' states, as the last stage has
         them (built there by their first update, from its outputs)."""
-        outputs = [keras.KerasTensor((None, *shape[1:]), dtype)
-                   for shape, dtype in self._last_output_specs]
+        outputs = self._last_output_specs
         outputs = outputs[0] if self._single_output else outputs
         for compiled in (self._compile_loss, self._compile_metrics):
             if compiled is not None and not compiled.built:
@@ -258,8 +297,7 @@ class _Passes:
                     if _differentiable(t):
                         targets.append(t)
                         seeds.append(transfer.receive(
-                            t.shape, t.dtype, +1,
-                            self._name("backward", model.stage_index, i, j)))
+                            t, +1, self._name("backward", model.stage_index, i, j)))
             if objective is not None:
                 targets.append(model.optimizer.scale_loss(objective))
                 seeds.append(tf.ones_like(targets[-1]))
@@ -299,14 +337,49 @@ class _Passes:
 
     def _receive_activations(self, i):
         specs = self.stage.inputs
-        received = [transfer.receive(tuple(t.shape), t.dtype, -1,
-                                     self._name("forward", self.model.stage_index - 1, i, j))
+        received = [transfer.receive(t, -1, self._name("forward", self.model.stage_index - 1,
+                                                       i, j))
                     for j, t in enumerate(specs)]
         return received[0] if len(received) == 1 else received
 
     def _name(self, direction, boundary, i, j):
         """The same on both stages of a boundary (numbered by its first stage)."""
         return f"hvdtrain.pipeline.{self.kind}.{direction}.{boundary}.{i}.{j}"
+
+
+class _Untracked:
+    """Holds a model out of Keras's tracking: the Pipeline's own weights
+    are its stage's, not the whole model's."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _joined(stages):
+    """Stages given as models of their own, as one functional model: each
+    stage called on the outputs of the one before."""
+    outputs = inputs = keras.tree.map_structure(
+        lambda t: keras.Input(batch_shape=t.shape, dtype=t.dtype, name=t.name), stages[0].input)
+    for stage in stages:
+        outputs = stage(outputs)
+    return keras.Model(inputs, outputs, name="whole")
+
+
+def _tied(stages):
+    """[(variable, [stages holding it])] for each trainable variable that
+    more than one stage holds, in the same order on every rank."""
+    holders = {}
+    for index, stage in enumerate(stages):
+        for variable in stage.trainable_variables:
+            holders.setdefault(id(variable), (variable, []))[1].append(index)
+    return [(variable, held) for variable, held in holders.values() if len(held) > 1]
+
+
+def _value_on(variable, holding):
+    """The variable's value where this stage holds it first, else zeros to
+    receive into (made at run time: see transfer.zeros)."""
+    return tf.convert_to_tensor(variable) if holding else transfer.zeros(variable.shape,
+                                                                          variable.dtype)
 
 
 class _NoTape:

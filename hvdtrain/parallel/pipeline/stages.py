@@ -10,8 +10,9 @@ from one boundary to the next.
     cut(sequential, at=[4, 8])              # layers [0, 4), [4, 8), [8, ...)
     cut(model, stages=4)                    # 4 stages of about equal parameters
 
-A layer with weights that runs on both sides of a cut (a tied embedding and
-output head) cannot be cut apart: its weights would live on two stages.
+A layer that runs on both sides of a cut (a tied embedding and output head)
+is held by every stage that calls it; the Pipeline sums its gradients over
+them each step, so that their copies stay the same (Megatron-LM's way).
 """
 
 import math
@@ -20,7 +21,7 @@ import keras
 
 from hvdtrain.errors import UsageError
 
-__all__ = ["boundaries", "cut"]
+__all__ = ["Stages", "boundaries", "cut"]
 
 
 def cut(model, at=None, stages=None):
@@ -35,14 +36,15 @@ def cut(model, at=None, stages=None):
         stages: The number of stages, when `at` is None.
 
     Returns:
-        A list of functional `keras.Model`s, one per stage, in order.
+        `Stages`: a list of functional `keras.Model`s, one per stage, in
+        order, that also holds `model`.
 
     Raises:
         UsageError: If `model` has no graph to cut (a subclassed model), a
             cut point is not a layer of it, does not cut it in two (a
-            skip connection crosses it, or a layer with weights runs on
-            both sides), leaves a stage empty, or cut points are out of
-            order; or `stages` exceeds the points where it can be cut.
+            skip connection crosses it), leaves a stage empty, or cut
+            points are out of order; or `stages` exceeds the points where
+            it can be cut.
     """
     graph = _graph_of(model)
     counted = _cut_points(graph)
@@ -58,7 +60,7 @@ def cut(model, at=None, stages=None):
         raise UsageError(f"pipeline cut points {list(at)} are not in the model's order or "
                          "repeat one: list each once, from the inputs to the outputs")
     inputs = graph.input   # as structured as the model's own (a tensor, a list, a dict)
-    models = []
+    models = Stages(model)
     for end in [*ends, None]:
         outputs = graph.output if end is None else end
         models.append(keras.Model(inputs, outputs, name=f"stage_{len(models)}"))
@@ -66,10 +68,18 @@ def cut(model, at=None, stages=None):
     return models
 
 
+class Stages(list):
+    """The stage models `cut` returns, in order, and the `model` they were
+    cut from (what the Pipeline exports)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+
 def boundaries(model):
     """The tensors at which `model` can be cut, from the inputs on: each the
-    output of a layer, crossed by every path to the outputs, with no layer
-    that has weights on both sides."""
+    output of a layer, crossed by every path to the outputs."""
     return [tensor for tensor, _ in _cut_points(_graph_of(model))]
 
 
@@ -87,17 +97,13 @@ def _cut_points(graph):
         produced = {id(t) for n in before for t in n.outputs}
         crossing = {id(t) for n in after for t in n.input_tensors if id(t) in produced}
         crossing |= produced & outputs
-        if crossing != {id(node.outputs[0])} or _shares_weights(before, after):
+        if crossing != {id(node.outputs[0])}:
             continue
         layers = {id(n.operation): n.operation for n in before}.values()
         found.append((node.outputs[0],
-                      sum(math.prod(w.shape) for layer in layers for w in layer.weights)))
+                      sum(math.prod(w.shape) for layer in layers
+                          for w in getattr(layer, "weights", ()))))
     return found
-
-
-def _shares_weights(before, after):
-    held = {id(n.operation) for n in before if getattr(n.operation, "weights", None)}
-    return any(id(n.operation) in held for n in after)
 
 
 def _graph_of(model):
@@ -133,9 +139,8 @@ def _boundary(graph, model, points, point):
     for tensor in points:
         if tensor._keras_history.operation is layer:
             return tensor
-    raise UsageError(f"the model cannot be cut at layer {name!r}: a skip connection or a "
-                     "layer with weights on both sides (a tied embedding) crosses it; "
-                     f"layers it can be cut at: {_names(graph, points) or 'none'}")
+    raise UsageError(f"the model cannot be cut at layer {name!r}: a skip connection "
+                     f"crosses it; layers it can be cut at: {_names(graph, points) or 'none'}")
 
 
 def _balanced(graph, counted, stages):

@@ -1,24 +1,26 @@
-"""Tensors between neighbouring stages: activations forward, their
-gradients back.
+"""Tensors between stages: activations forward, their gradients back, and
+the last stage's outputs to the others.
 
 Horovod has no point-to-point operation: a pass is an alltoall on the
 2-rank process set of the two neighbours (hvdtrain.layout.neighbour_set), in
-which the sender sends all its rows to the other rank and the receiver sends
-none (splits with zeros; on GPUs NCCL's send/recv). Both ranks call it under
-the same explicit name.
+which the sender sends all it has to the other rank and the receiver sends
+nothing (splits with zeros; on GPUs NCCL's send/recv). Both ranks call it
+under the same explicit name.
+
+A tensor travels as its bytes with its shape in front (the shape's int32s,
+as bytes, then the values'), so the receiver needs to know neither the
+micro-batch's rows nor the sizes the model leaves open (a sequence's
+length), and every dtype goes the same way: Horovod's TensorFlow ops carry
+no bfloat16, and bytes are lossless.
 
 Horovod's ops are not stateful to TensorFlow, and Grappler treats them so:
 - A send's result is empty and unused. Grappler turns an op whose results
   only control others into a no-op: the step must use it as data
   (`depending_on`).
-
 - A collective whose inputs are all constants is run by constant folding
   while the graph is optimized, once, on each rank in its own order: two
   stages folding different passes first wait for each other forever. What a
   rank sends when it sends nothing is made at run time (`zeros`).
-
-Horovod's TensorFlow ops carry no bfloat16: such tensors travel as their
-16-bit patterns (uint16), losslessly.
 """
 
 import horovod.tensorflow as hvd
@@ -27,7 +29,7 @@ import tensorflow as tf
 from hvdtrain import layout
 from hvdtrain.parallel import collectives
 
-__all__ = ["depending_on", "receive", "send", "zeros"]
+__all__ = ["depending_on", "from_last_stage", "receive", "send", "zeros"]
 
 
 def send(tensor, offset, name):
@@ -37,18 +39,35 @@ def send(tensor, offset, name):
     Returns:
         The pass's (empty) result, for the step to depend on.
     """
-    rows = tf.shape(tensor)[0]
+    encoded = _encode(tensor)
+    size = tf.size(encoded)
     # In the pair's set the earlier stage has the lower rank: set rank 0.
-    splits = tf.stack([0, rows]) if offset > 0 else tf.stack([rows, 0])
-    return _alltoall(tensor, splits, offset, name)
+    splits = tf.stack([0, size]) if offset > 0 else tf.stack([size, 0])
+    return _alltoall(encoded, splits, offset, name)
 
 
-def receive(shape, dtype, offset, name):
+def receive(spec, offset, name):
     """What the counterpart `offset` stages on sends under `name`: a tensor
-    of `shape` (its first dimension, the micro-batch, unknown) and `dtype`."""
-    nothing = zeros([0, *shape[1:]], dtype)
-    received = _alltoall(nothing, tf.zeros([2], tf.int32), offset, name)
-    return tf.ensure_shape(received, [None, *shape[1:]])
+    like `spec` (a KerasTensor or tensor: its dtype and rank; its static
+    sizes are kept)."""
+    received = _alltoall(zeros([0], tf.uint8), tf.zeros([2], tf.int32), offset, name)
+    return _decode(received, spec)
+
+
+def from_last_stage(tensors, specs, name, after=()):
+    """The last stage's `tensors` on every stage of the pipeline (`specs`:
+    like them, for the other stages, which give None), once the passes
+    `after` have run (`depending_on`)."""
+    shared = []
+    for j, (tensor, spec) in enumerate(zip(tensors, specs)):
+        mine = zeros([0], tf.uint8) if tensor is None else _encode(tensor)
+        if j == 0:
+            mine = depending_on(mine, after)
+        with collectives.root_name_scope():
+            everyone = hvd.allgather(mine, name=f"{name}.{j}", ignore_name_scope=True,
+                                     process_set=layout.pipeline_set())
+        shared.append(_decode(everyone, spec))
+    return shared
 
 
 def depending_on(tensor, sent):
@@ -66,11 +85,32 @@ def zeros(shape, dtype):
     return tf.raw_ops.Empty(shape=shape, dtype=dtype, init=True)
 
 
+def _encode(tensor):
+    """`tensor` as bytes: its shape's int32s, then its values."""
+    tensor = tf.convert_to_tensor(tensor)
+    shape = tf.bitcast(tf.shape(tensor, out_type=tf.int32), tf.uint8)
+    if tensor.dtype == tf.bool:
+        tensor = tf.cast(tensor, tf.uint8)
+    values = tensor if tensor.dtype == tf.uint8 else tf.bitcast(tensor, tf.uint8)
+    return tf.concat([tf.reshape(shape, [-1]), tf.reshape(values, [-1])], 0)
+
+
+def _decode(encoded, spec):
+    """The tensor `_encode` made, of `spec`'s dtype and rank."""
+    dtype, rank = tf.as_dtype(spec.dtype), len(spec.shape)
+    shape = tf.bitcast(tf.reshape(encoded[:4 * rank], [rank, 4]), tf.int32)
+    values = encoded[4 * rank:]
+    if dtype == tf.bool:
+        values = tf.cast(values, tf.bool)
+    elif dtype.size == 1:
+        values = tf.bitcast(values, dtype)
+    else:
+        values = tf.bitcast(tf.reshape(values, [-1, dtype.size]), dtype)
+    return tf.ensure_shape(tf.reshape(values, shape), spec.shape)
+
+
 def _alltoall(tensor, splits, offset, name):
-    bits = tensor.dtype == tf.bfloat16
-    if bits:
-        tensor = tf.bitcast(tensor, tf.uint16)
     with collectives.root_name_scope():
         output, _ = hvd.alltoall(tensor, splits=splits, name=name, ignore_name_scope=True,
                                  process_set=layout.neighbour_set(offset))
-    return tf.bitcast(output, tf.bfloat16) if bits else output
+    return output
