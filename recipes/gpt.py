@@ -1,7 +1,9 @@
 """gpt: a decoder-only transformer language model (Radford et al., "Language
 Models are Unsupervised Multitask Learners", 2019: GPT-2's pre-norm blocks),
 tensor-parallel with --tensor_parallel=T (Megatron-LM's layout: Shoeybi et
-al., 2019) and data-parallel over the workers / T replicas.
+al., 2019), cut into --pipeline_parallel=P stages (the tied embedding held
+by the first and last) and data-parallel over the workers / (T x P)
+replicas.
 
 Model: a vocabulary-parallel token embedding plus learned positions, N
 blocks of pre-norm causal self-attention (heads split over the replica's
@@ -27,6 +29,8 @@ device's peak where it is known.
 
     horovodrun --config-file horovodrun.cfg -np 2 -H localhost:2 \\
         hvdtrain train --recipe=gpt --tensor_parallel=2
+    horovodrun --config-file horovodrun.cfg -np 4 -H localhost:4 \\
+        hvdtrain train --recipe=gpt --tensor_parallel=2 --pipeline_parallel=2
 """
 
 import dataclasses

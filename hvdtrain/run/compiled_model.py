@@ -48,14 +48,9 @@ def _pipelined(model, config):
     stages = pipeline.cut(model, at=config.pipeline_cut_points() or None,
                           stages=config.pipeline_parallel)
     microbatches = config.pipeline_microbatches()
-    if microbatches < config.pipeline_parallel and hvd.rank() == 0:
-        logging.warning("--microbatches=%d is fewer than the %d stages: each stage waits %.0f%% "
-                        "of every step (the bubble; %.0f%% at --microbatches=%d)", microbatches,
-                        config.pipeline_parallel,
-                        100 * pipeline.bubble(config.pipeline_parallel, microbatches),
-                        100 * pipeline.bubble(config.pipeline_parallel,
-                                              4 * config.pipeline_parallel),
-                        4 * config.pipeline_parallel)
+    costly = pipeline.few_microbatches(config.pipeline_parallel, microbatches)
+    if costly and hvd.rank() == 0:
+        logging.warning("--microbatches: %s", costly)
     return pipeline.Pipeline(stages, microbatches, config.pipeline_schedule,
                              name=f"{model.name}_pipeline")
 

@@ -5,17 +5,23 @@ process: launch.hvdtrain_command.)"""
 
 import os
 import pathlib
+import re
+import signal
+import threading
+import time
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
 from hvdtrain import layout
+from hvdtrain.faults.preemption import Preempted
 
 from harness.fixtures import SESSION_DIR
 from launch import Finished
 
-__all__ = ["computed_once", "error_lines", "gathered", "merged", "on_rank_0", "replica_rows"]
+__all__ = ["computed_once", "error_lines", "gathered", "merged", "on_rank_0", "replica_rows",
+           "stopped_in_the_second_epoch"]
 
 
 def gathered(value):
@@ -87,3 +93,34 @@ def computed_once(name, compute):
     assert done.exists(), f"rank 0 could not compute {name} (see its report)"
     return directory
 
+
+
+_STOPS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+def stopped_in_the_second_epoch(config):
+    """Trains `config` in this process (hvdtrain.train: the command's exit
+    would end the launch) with SIGUSR1 sent to rank 1 once the first
+    epoch's checkpoint exists; returns where each rank stopped ("epoch 2,
+    step S"), which it checks it did."""
+    from hvdtrain import train
+
+    checkpoints = pathlib.Path(config.model_dir) / "checkpoints"
+    handlers = {number: signal.getsignal(number) for number in _STOPS}
+    if hvd.rank() == 1:
+        def send():
+            while not any(checkpoints.glob("epoch-0001-step-*")):
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+        threading.Thread(target=send, daemon=True).start()
+    try:
+        train(config)
+        stopped = None
+    except Preempted as e:
+        stopped = re.search(r"after (epoch 2, step \d+)", str(e)).group(1)
+    finally:
+        for number, handler in handlers.items():   # a stopped run leaves them ignored
+            signal.signal(number, handler)
+    assert stopped is not None, "training was not stopped"
+    return gathered(stopped)

@@ -14,6 +14,8 @@ All cases run in the suite's shared launches (np=2 under both controllers,
 np=4 under Gloo); each arranges its layout in-process (hvdtrain.layout).
 """
 
+import re
+
 import horovod.tensorflow as hvd
 import keras
 import numpy as np
@@ -23,7 +25,9 @@ from hvdtrain import callbacks, layout
 from hvdtrain.layers import ColumnParallelDense, RowParallelDense, set_whole_weights
 from hvdtrain.parallel import collectives, pipeline, sharding
 from hvdtrain.parallel.data.optimizer import DistributedOptimizer
-from ranked.support import replica_rows
+from launch import horovodrun, hvdtrain_command
+from ranked.support import (error_lines, gathered, merged, on_rank_0, replica_rows,
+                            stopped_in_the_second_epoch)
 
 BATCH, STEPS, MICROBATCHES, WIDTH = 8, 5, 4, 6
 
@@ -137,3 +141,126 @@ def test_bfloat16_activations_and_gradients_pass_between_stages():
     assert pipelined.stage.outputs[0].dtype == "bfloat16"
     # The two differ by bfloat16's round-off, which moves the weights too.
     assert_stage_equals_its_layers(whole, pipelined, start, tolerance=5e-3, moved_past=10)
+
+
+# The gpt recipe from the command line: a small model, short epochs, one
+# thread per rank, the input in order. Its embedding is tied to its head:
+# the first and last stages both hold it.
+GPT = ["--recipe=gpt", "--intra_op_threads=1", "--deterministic", "--warmup_epochs=0",
+       "--option=train_sequences=256", "--option=validation_sequences=64",
+       "--option=sequence_length=16", "--option=d_model=32", "--option=mlp_dim=64",
+       "--batch_size=16"]
+PIPELINED = ["--pipeline_parallel=2", "--microbatches=4"]
+
+
+def train(capfd, model_dir, *args):
+    result = merged(hvdtrain_command(capfd, "train", f"--model_dir={model_dir}", *GPT, *args))
+    assert result.status == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def exported(model_dir):
+    return keras.saving.load_model(model_dir / "model.keras", compile=False)
+
+
+def assert_same_weights(a, b, atol=0.0, what=""):
+    for x, y in zip(exported(a).weights, exported(b).weights):
+        np.testing.assert_allclose(x.numpy(), y.numpy(), rtol=0, atol=atol,
+                                   err_msg=f"{what} {x.path}")
+
+
+@pytest.mark.slow
+@pytest.mark.launches(controllers=("gloo",))
+def test_the_recipe_pipelined_trains_as_one_process_and_exports_plain_keras(shared_tmp_path,
+                                                                          capfd):
+    result = train(capfd, shared_tmp_path / "pipelined", *PIPELINED, "--epochs=2")
+    assert "2 workers = 1 data-parallel replicas x 1 tensor-parallel ranks x 2 pipeline " \
+           "stages" in result.stderr
+    alone = shared_tmp_path / "alone"
+    finished = on_rank_0(horovodrun, ["hvdtrain", "train", f"--model_dir={alone}", *GPT,
+                                      "--epochs=2"], np=1, timeout=300)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    # One model whose layers are Keras's own: the first stage's embedding
+    # and the last stage's head, trained as one, and every block between.
+    model = exported(shared_tmp_path / "pipelined")
+    assert {type(layer).__module__.split(".")[0] for layer in model.layers} == {"keras"}
+    assert_same_weights(shared_tmp_path / "pipelined", alone, atol=1e-5)
+
+    # hvdtrain evaluate runs the pipeline's forward passes, on the export and
+    # on a checkpoint: what training's last validation reported.
+    reported = float(re.findall(r"val_loss: ([\d.]+)", result.stdout)[-1])
+    for source in ([], ["--checkpoint=epoch-0002-step-000016"]):
+        evaluated = merged(hvdtrain_command(capfd, "evaluate",
+                                            f"--model_dir={shared_tmp_path / 'pipelined'}",
+                                            *source))
+        assert evaluated.status == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
+        loss = float(re.search(r"loss ([\d.]+)", evaluated.stdout).group(1))
+        assert loss == pytest.approx(reported, abs=1e-4), source
+
+
+@pytest.mark.slow
+@pytest.mark.launches(controllers=("gloo",))
+def test_a_preempted_pipeline_stops_every_stage_at_one_step_and_resumes_exactly(
+        shared_tmp_path, capfd):
+    straight = shared_tmp_path / "straight"
+    train(capfd, straight, *PIPELINED, "--epochs=2")
+    # Rank 1, the last stage, is signalled in the second epoch.
+    from hvdtrain import recipe
+
+    preempted = shared_tmp_path / "preempted"
+    options = [a.removeprefix("--option=") for a in GPT if a.startswith("--option=")]
+    config = recipe.make_config("gpt", options=options, model_dir=str(preempted), epochs=2,
+                                intra_op_threads=1, deterministic=True, warmup_epochs=0,
+                                batch_size=16, pipeline_parallel=2, microbatches=4)
+    where = stopped_in_the_second_epoch(config)
+    assert where[0] == where[1], where
+    train(capfd, preempted, *PIPELINED, "--epochs=2", "--resume")
+    assert_same_weights(straight, preempted, what="preempted, resumed:")
+
+
+BAD = {
+    "stages that do not divide the workers": (
+        ["--pipeline_parallel=3", "--microbatches=4"], re.escape(
+            "--pipeline_parallel=3 does not divide the 2 workers into replicas")),
+    "a cut at no layer": (
+        ["--pipeline_parallel=2", "--pipeline_cuts=block9_residual2"],
+        "pipeline cut point 'block9_residual2' is not a layer of model gpt"),
+    "a cut inside a block": (
+        ["--pipeline_parallel=2", "--pipeline_cuts=block0_mlp_up"],
+        "the model cannot be cut at layer 'block0_mlp_up': a skip connection crosses it"),
+    "a batch that does not split": (
+        ["--pipeline_parallel=2", "--microbatches=3"],
+        re.escape("--batch_size=16 does not split into 3 micro-batches")),
+}
+
+
+@pytest.mark.launches(controllers=("gloo",))
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_bad_input_ends_every_rank_with_one_line(shared_tmp_path, capfd, case):
+    args, expected = BAD[case]
+    results = gathered(hvdtrain_command(capfd, "train", *GPT, *args,
+                                        f"--model_dir={shared_tmp_path / 'run'}"))
+    output = "".join(r.output for r in results)
+    assert all(r.status != 0 for r in results), output[-3000:]
+    errors = error_lines(results)
+    assert set(errors) == {0, 1} and len(set(errors.values())) == 1, output[-3000:]
+    assert re.search(expected, errors[0]), errors[0]
+
+
+@pytest.mark.slow
+@pytest.mark.launches(np=4)
+def test_the_recipe_at_t2xp2_trains_as_one_process_and_resumes_at_d2xp2(shared_tmp_path, capfd):
+    run = shared_tmp_path / "run"
+    train(capfd, run, *PIPELINED, "--tensor_parallel=2", "--epochs=1")
+    alone = shared_tmp_path / "alone"
+    finished = on_rank_0(horovodrun, ["hvdtrain", "train", f"--model_dir={alone}", *GPT,
+                                      "--epochs=1"], np=1, timeout=300)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    assert_same_weights(run, alone, atol=1e-5)
+    # Read at D=2 x T=1 x P=2, with nothing left to train: the export is the
+    # state as restored, every stage's split weights made whole again.
+    written = [w.numpy() for w in exported(run).weights]
+    train(capfd, run, *PIPELINED, "--epochs=1", "--resume")
+    for a, b in zip(written, exported(run).weights):
+        np.testing.assert_array_equal(a, b.numpy(), err_msg=b.path)

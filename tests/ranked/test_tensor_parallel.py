@@ -21,11 +21,7 @@ np=4 under Gloo); each arranges its groups in-process (hvdtrain.layout).
 """
 
 import json
-import os
 import re
-import signal
-import threading
-import time
 
 import horovod.tensorflow as hvd
 import keras
@@ -34,7 +30,6 @@ import pytest
 import tensorflow as tf
 
 from hvdtrain import layout
-from hvdtrain.faults.preemption import Preempted
 from hvdtrain.layers import (ColumnParallelDense, ParallelMultiHeadAttention, RowParallelDense,
                              VocabParallelEmbedding, VocabParallelSparseCategoricalCrossentropy,
                              set_whole_weights)
@@ -42,7 +37,8 @@ from hvdtrain.parallel import sharding
 from hvdtrain.parallel.data.optimizer import DistributedOptimizer
 from hvdtrain.parallel.tensor import operators
 from launch import horovodrun, hvdtrain_command
-from ranked.support import error_lines, gathered, merged, on_rank_0, replica_rows
+from ranked.support import (error_lines, gathered, merged, on_rank_0, replica_rows,
+                            stopped_in_the_second_epoch)
 
 SEQUENCE, WIDTH, VOCABULARY, BATCH, STEPS = 6, 8, 16, 4, 5
 
@@ -364,43 +360,18 @@ def test_resumes_exactly_and_in_another_layout(shared_tmp_path, capfd):
 
     # Preempted: a signal to rank 1 in the second epoch stops both ranks of
     # the replica at the same step, with a checkpoint that resumes exactly.
-    # (In this process, by the library: the command's exit would end the launch.)
-    from hvdtrain import recipe, train as train_in_process
+    from hvdtrain import recipe
 
     preempted = shared_tmp_path / "preempted"
     config = recipe.make_config(
         "gpt", options=[option.removeprefix("--option=") for option in QUICK],
         model_dir=str(preempted), tensor_parallel=2, epochs=2, intra_op_threads=1,
         deterministic=True)
-    handlers = {number: signal.getsignal(number) for number in STOPS}
-    signal_in_the_second_epoch(preempted / "checkpoints" / "epoch-0001-step-000032")
-    try:
-        with pytest.raises(Preempted) as stopped:
-            train_in_process(config)
-    finally:
-        for number, handler in handlers.items():   # a stopped run leaves them ignored
-            signal.signal(number, handler)
-    where = gathered(re.search(r"after (epoch 2, step \d+)", str(stopped.value)).group(1))
+    where = stopped_in_the_second_epoch(config)
     assert where[0] == where[1], where
     train(capfd, preempted, *QUICK, "--tensor_parallel=2", "--epochs=2", "--resume")
     for a, b in zip(straight.weights, exported(preempted).weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=f"preempted: {a.path}")
-
-
-STOPS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-
-
-def signal_in_the_second_epoch(first_checkpoint):
-    """On rank 1: SIGUSR1 to this process once the first epoch's checkpoint exists."""
-    if hvd.rank() != 1:
-        return
-
-    def send():
-        while not first_checkpoint.exists():
-            time.sleep(0.01)
-        os.kill(os.getpid(), signal.SIGUSR1)
-
-    threading.Thread(target=send, daemon=True).start()
 
 
 @pytest.mark.slow
@@ -471,11 +442,13 @@ def test_the_ranks_of_a_replica_read_the_same_batches_and_replicas_their_own():
 
 
 @pytest.mark.launches(controllers=("gloo",))
-def test_a_table_sharded_over_all_workers_is_refused_in_a_split_replica():
+def test_a_table_sharded_over_all_workers_is_refused_in_a_split_replica_or_pipeline():
     from hvdtrain.errors import UsageError
     from hvdtrain.layers import ShardedEmbedding
 
-    layout.arrange(2)
-    with pytest.raises(UsageError, match="with --tensor_parallel, split the table with "
-                                         "hvdtrain.layers.VocabParallelEmbedding"):
-        ShardedEmbedding(64, 4, name="items").build((None, 2))
+    for tensor_parallel, pipeline_parallel in ((2, 1), (1, 2)):
+        layout.arrange(tensor_parallel, pipeline_parallel)
+        with pytest.raises(UsageError, match="with --tensor_parallel or --pipeline_parallel, "
+                                             "split the table with "
+                                             "hvdtrain.layers.VocabParallelEmbedding"):
+            ShardedEmbedding(64, 4, name="items").build((None, 2))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import hvdtrain
+from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 from hvdtrain.layout import Layout
 from hvdtrain.parallel import pipeline
@@ -59,6 +60,13 @@ def test_the_bubble_is_p_minus_1_over_m_plus_p_minus_1():
     assert schedules.bubble(4, 4) == pytest.approx(3 / 7)
     assert schedules.bubble(2, 8) == pytest.approx(1 / 9)
     assert schedules.bubble(1, 4) == 0
+
+
+def test_fewer_microbatches_than_stages_are_told_the_bubble_they_cost():
+    assert schedules.few_microbatches(4, 2) == (
+        "2 micro-batches for 4 stages: each stage waits 60% of every step (the bubble; 16% at "
+        "16 micro-batches)")
+    assert schedules.few_microbatches(4, 4) is None
 
 
 def test_a_pipeline_is_outermost_and_its_neighbours_have_process_sets():
@@ -193,3 +201,32 @@ def test_xla_and_loss_scaling_are_refused_at_compile():
         one_stage.compile("sgd", "mse", jit_compile=True)
     with pytest.raises(UsageError, match="loss-scale optimizer"):
         one_stage.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), "mse")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"global_clipnorm": 1.0}, "--global_clipnorm needs the norm of every gradient"),
+    ({"precision": "mixed_float16"}, "mixed_float16's loss scaling would let each stage"),
+    ({"jit_compile": True}, "XLA cannot hold the passes between stages"),
+    ({"batch_size": 12}, r"--batch_size=12 does not split into 8 micro-batches \(4 x P by "
+                         "default\)"),
+    ({"microbatches": 5}, "--batch_size=32 does not split into 5 micro-batches;"),
+    ({"pipeline_cuts": "a,b"}, r"--pipeline_cuts names 2 layer\(s\); 2 stages end at 1"),
+])
+def test_settings_a_pipeline_cannot_follow_are_refused(changes, message):
+    with pytest.raises(UsageError, match=f"--pipeline_parallel=2: {message}"):
+        TrainConfig(pipeline_parallel=2, **changes).validate()
+
+
+@pytest.mark.parametrize("name, value", [("microbatches", 4), ("pipeline_schedule", "gpipe"),
+                                         ("pipeline_cuts", "block")])
+def test_pipeline_settings_without_a_pipeline_are_refused(name, value):
+    with pytest.raises(UsageError, match=f"--{name} applies to a pipeline: set "
+                                         "--pipeline_parallel"):
+        TrainConfig(**{name: value}).validate()
+
+
+def test_knobs_of_each_weight_go_with_a_pipeline():
+    config = TrainConfig(pipeline_parallel=2, optimizer="lamb", clipnorm=1.0, ema_momentum=0.99,
+                         precision="mixed_bfloat16", microbatches=2, pipeline_cuts=" block ")
+    assert config.validate().pipeline_microbatches() == 2
+    assert config.pipeline_cut_points() == ["block"]

@@ -11,7 +11,9 @@ trainer depend on it.
 """
 
 from hvdtrain.parallel.pipeline.model import Pipeline
-from hvdtrain.parallel.pipeline.schedules import SCHEDULES, bubble, peak_stashed
+from hvdtrain.parallel.pipeline.schedules import (SCHEDULES, bubble, few_microbatches,
+                                                  peak_stashed)
 from hvdtrain.parallel.pipeline.stages import Stages, boundaries, cut
 
-__all__ = ["SCHEDULES", "Pipeline", "Stages", "boundaries", "bubble", "cut", "peak_stashed"]
+__all__ = ["SCHEDULES", "Pipeline", "Stages", "boundaries", "bubble", "cut", "few_microbatches",
+           "peak_stashed"]

@@ -15,7 +15,7 @@ bubble): more micro-batches shrink it.
 
 import dataclasses
 
-__all__ = ["Action", "BACKWARD", "FORWARD", "SCHEDULES", "bubble", "gpipe",
+__all__ = ["Action", "BACKWARD", "FORWARD", "SCHEDULES", "bubble", "few_microbatches", "gpipe",
            "one_forward_one_backward", "peak_stashed"]
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -61,3 +61,13 @@ def peak_stashed(actions):
 def bubble(stages, microbatches):
     """The fraction of a step each stage waits, in theory: (P - 1) / (M + P - 1)."""
     return (stages - 1) / (microbatches + stages - 1)
+
+
+def few_microbatches(stages, microbatches):
+    """What fewer micro-batches than stages cost, in words; None when there
+    are enough."""
+    if microbatches >= stages:
+        return None
+    return (f"{microbatches} micro-batches for {stages} stages: each stage waits "
+            f"{bubble(stages, microbatches):.0%} of every step (the bubble; "
+            f"{bubble(stages, 4 * stages):.0%} at {4 * stages} micro-batches)")
