@@ -16,7 +16,11 @@ It runs, in order:
      (--option=embeddings=sharded: lookups by NCCL's alltoall), small;
   5. the gpt recipe with --tensor_parallel=2 over those GPUs (NCCL's
      allreduces inside every layer), with its tokens/s and model FLOPs
-     utilisation; skipped on a node of one GPU.
+     utilisation; skipped on a node of one GPU;
+  6. the gpt recipe cut into --pipeline_parallel=2 stages (NCCL's send and
+     receive between them, through Horovod's alltoall), with
+     --tensor_parallel=2 inside each stage on a node of 4 GPUs or more;
+     skipped on a node of one GPU.
 Each step's verdict is in the JSON; the exit status is 0 only if all passed.
 """
 
@@ -51,7 +55,7 @@ SHARDED = ["--recipe=wide_and_deep", "--option=embeddings=sharded", "--option=ta
 SHARDED_AUC = 0.65
 # The gpt recipe's bar (tests/ranked/test_tensor_parallel.py): the validation
 # loss this share of the way from the achievable loss to the unigram baseline.
-TENSOR_PARALLEL_TINY = ["--epochs=1", "--option=train_sequences=1024"]
+GPT_TINY = ["--epochs=1", "--option=train_sequences=1024"]
 GPT_SHARE = 0.3
 
 
@@ -107,11 +111,22 @@ def check_sharded(workers, model_dir):
 
 
 def check_tensor_parallel(workers, model_dir):
+    return _check_gpt(workers, model_dir, ["--tensor_parallel=2"])
+
+
+def check_pipeline(workers, model_dir):
+    split = ["--tensor_parallel=2"] if workers >= 4 else []
+    return _check_gpt(workers, model_dir, ["--pipeline_parallel=2", *split])
+
+
+def _check_gpt(workers, model_dir, layout):
+    """The gpt recipe in `layout` (flags) learns: its validation loss, its
+    rate and model FLOPs utilisation."""
     if workers < 2:
         return dict(ok=True, problems=[], skipped="one GPU: no replica of 2 ranks")
-    sizes = TENSOR_PARALLEL_TINY if FLAGS.tiny else []
-    found, result = _train(workers, ["--recipe=gpt", "--tensor_parallel=2",
-                                     f"--model_dir={model_dir}", *sizes])
+    sizes = GPT_TINY if FLAGS.tiny else []
+    found, result = _train(workers, ["--recipe=gpt", *layout, f"--model_dir={model_dir}",
+                                     *sizes])
     loss = re.search(r"val_loss (\d+\.\d+)", result.stdout)
     bounds = re.search(r"unigram baseline (\d+\.\d+), achievable (\d+\.\d+)", result.stderr)
     utilisation = re.search(r"throughput: ([\d,]+ tokens/s.*)", result.stderr)
@@ -157,7 +172,9 @@ def main(argv):
                  ("demo", lambda: check_demo(gpus or 2, pathlib.Path(scratch) / "demo")),
                  ("sharded", lambda: check_sharded(gpus or 2, pathlib.Path(scratch) / "sharded")),
                  ("tensor", lambda: check_tensor_parallel(gpus or 2,
-                                                          pathlib.Path(scratch) / "tensor"))]
+                                                          pathlib.Path(scratch) / "tensor")),
+                 ("pipeline", lambda: check_pipeline(gpus or 2,
+                                                     pathlib.Path(scratch) / "pipeline"))]
         for name, step in steps:
             began = time.perf_counter()
             results[name] = step()

@@ -1,5 +1,6 @@
 """Pipeline parallelism (P=2) at np=2: its bubble against theory, the
-activations 1F1B holds against GPipe, and its rate against data parallelism.
+activations 1F1B holds against GPipe, the model's state each worker holds,
+and its rate against data parallelism.
 
     python bench/pipeline.py [--width=1024 --layers=8 --global_batch=64 ...]
 
@@ -21,14 +22,21 @@ It reports, for each pipelined run:
     alone_M's, against GPipe's at M = 4P; beside it the micro-batches the
     first stage holds at once (P for 1F1B, M for GPipe);
   - its rate against data_parallel's, the median over the epochs after the
-    first (each stage counts its share of the batch, 1/P).
+    first (each stage counts its share of the batch, 1/P);
+and the weights and AdamW state a worker holds (TensorFlow's CPU
+allocator), a stage's against the whole model's (goal: 1/P).
 Rank 0 prints a table and writes JSON.
 """
 
 import json
+import os
 import pathlib
 
 from absl import app, flags
+
+# TensorFlow's CPU allocator counts its bytes only as a BFC allocator: set
+# before TensorFlow loads in the workers.
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 import horovod_workers
 
@@ -67,6 +75,10 @@ def launch():
               f"{r['held_bytes'][name] / 2**20:>10.1f}{r['held_bytes'][name] / gpipe:>9.3f}"
               f"{r['held'][name]:>6}{r['ratio'][name]:>11.3f}"
               f"{min(ratios):>8.3f}-{max(ratios):.3f}")
+    state = r["state_bytes"]
+    print(f"weights + AdamW state per worker: {state['pipelined'] / 2**20:.2f} MiB at P={STAGES}, "
+          f"{state['data_parallel'] / 2**20:.2f} MiB data parallel: "
+          f"{state['pipelined'] / state['data_parallel']:.3f} (goal: 1/P)")
     print(f"data_parallel: {r['examples_per_second']['data_parallel']:.1f} examples/s; noise: "
           f"its rate / its rate in the epoch before: {r['noise'][0]:.3f}-{r['noise'][1]:.3f}. "
           f"JSON: {FLAGS.output}")
@@ -125,6 +137,26 @@ def work(scratch):
         meter = callbacks.Throughput(share, FLAGS.warmup_steps, FLAGS.window_steps)
         return dict(model=model, kind=kind, batch=batch, meter=meter, x=x[data], y=y[data])
 
+    def state_bytes(pipelined):
+        """The bytes of weights and AdamW state this rank holds, the whole
+        model's or, pipelined, its stage's (the others' never made)."""
+        layout.arrange(1, STAGES if pipelined else 1)
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        if pipelined:
+            with pipeline.deferred():
+                whole = mlp()
+            model = pipeline.Pipeline(pipeline.cut(whole, stages=STAGES), STAGES)
+        else:
+            model = mlp()
+        optimizer = keras.optimizers.AdamW(1e-3)
+        optimizer.build(model.trainable_variables)
+        held = tf.config.experimental.get_memory_info("CPU:0")["current"] - before
+        kept.append((model, optimizer))   # freed later, not while the next is measured
+        return max(hvd.allgather_object(held))
+
+    kept = []
+    state = {"data_parallel": state_bytes(False), "pipelined": state_bytes(True)}
+    del kept
     runs = {name: build(name) for name in RUNS}
     peaks = {name: 0 for name in RUNS}
 
@@ -155,7 +187,7 @@ def work(scratch):
             theory={n: pipeline.bubble(STAGES, int(n.partition("_M")[2])) for n in PIPELINED},
             held_bytes={n: peaks[n] - peaks[f"alone_M{n.partition('_M')[2]}"]
                         for n in PIPELINED},
-            held=held), indent=1))
+            held=held, state_bytes=state), indent=1))
 
 
 if __name__ == "__main__":

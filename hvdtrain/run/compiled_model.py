@@ -31,7 +31,12 @@ def build(recipe, config):
     """
     model = error = None
     try:
-        model = recipe.make_model(config)
+        if config.pipeline_parallel > 1:
+            # Each rank gives values to its stage's weights only (Pipeline).
+            with pipeline.deferred():
+                model = recipe.make_model(config)
+        else:
+            model = recipe.make_model(config)
     except UsageError as e:
         error = e
     collectives.raise_together(error)

@@ -43,8 +43,12 @@ def plain_model(model):
     values = gather(weights, weights, name="hvdtrain.export")
     if hvd.rank() != 0:
         return None
-    return sharding.plain_copy(model.whole, {path: value for (path, _, _), value
-                                             in zip(described, values)})
+    whole = model.whole
+    # The whole model, in host memory: it need not fit one device.
+    with tf.device("/CPU:0"):
+        pipeline.on_host(whole.weights)
+        return sharding.plain_copy(whole, {path: value for (path, _, _), value
+                                           in zip(described, values)})
 
 
 def describe(variables):

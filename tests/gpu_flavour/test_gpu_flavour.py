@@ -108,9 +108,11 @@ def test_the_gpu_check_runs_tiny_on_cpu(gpu_check):
         for contender in ("keras", "hvdtrain", "hvdtrain_xla")]
     assert results["demo"]["workers"] == 2 and results["demo"]["val_accuracy"] > 0.5
     assert results["sharded"]["workers"] == 2 and results["sharded"]["val_auc"] > 0.65
-    assert results["tensor"]["workers"] == 2 and results["tensor"]["val_loss"] > 0
-    assert "tokens/s" in results["tensor"]["model_flops"]
-    for line in ("doctor", "resnet50", "demo", "sharded", "tensor"):
+    for gpt in ("tensor", "pipeline"):
+        assert results[gpt]["workers"] == 2 and results[gpt]["val_loss"] > 0
+        assert "tokens/s" in results[gpt]["model_flops"]
+    assert "--pipeline_parallel=2" in results["pipeline"]["command"]
+    for line in ("doctor", "resnet50", "demo", "sharded", "tensor", "pipeline"):
         assert re.search(rf"^gpu_check: {line} +ok \(\d+ s\)$", result.stdout, re.MULTILINE)
 
 

@@ -1,7 +1,8 @@
 """A fault on one rank ends every rank promptly with that rank's message: a
 non-finite loss (--nan_policy=fail), and a rank that hangs, in its input
 pipeline or before training (Horovod's stall check, told by hvdtrain to shut
-down, or hvdtrain's watchdog ends the job, naming the hung rank).
+down, or hvdtrain's watchdog ends the job, naming the hung rank); so does a
+pipeline's stage that fails or hangs.
 Own launches: one rank exits or hangs while the other runs, and the job's end is the point.
 (--nan_policy=ignore, where every rank trains on: tests/ranked/test_fail_together.py.)"""
 
@@ -22,7 +23,7 @@ def _args(tmp_path, *flags):
 
 
 def _fault(fault, **env):
-    return dict(FAULT=fault, FAULT_RANK="1", FAULT_EPOCH="1", FAULT_STEP="5", **env)
+    return dict(FAULT=fault, FAULT_RANK="1", FAULT_EPOCH="1", FAULT_STEP="5") | env
 
 
 def _train(tmp_path, controller, fault, *flags, env=None):
@@ -96,3 +97,32 @@ def test_a_rank_hung_before_training_is_named_and_ends_the_job(tmp_path):
                                "progress (rank 1 on ") and ": loading data, idle " in text
                and "; rank 0 waits for it in a collective; stopping the job" in text
                for text in _errors_text(result)), (result.stdout + result.stderr)[-3000:]
+
+
+def test_a_stage_that_fails_or_hangs_ends_every_stage_of_a_pipeline(tmp_path):
+    """Two stages under Gloo, side by side: the first stage makes a NaN that
+    the last one's loss finds; the last stage's input hangs while the first
+    waits for its gradients."""
+    jobs = {}
+    for fault, rank in (("nan", "0"), ("hang", "1")):
+        (tmp_path / fault).mkdir()
+        log = tmp_path / fault / "log"
+        jobs[fault] = log, start_horovodrun(
+            _args(tmp_path / fault, "--pipeline_parallel=2", "--microbatches=2",
+                  "--stall_timeout=6"), log, controller="gloo",
+            env=_fault(fault, **{"FAULT_RANK": rank}))
+    results = {fault: subprocess.CompletedProcess(job.args, job.wait(timeout=120),
+                                                  log.read_text(), "")
+               for fault, (log, job) in jobs.items()}
+    failed = results["nan"]
+    assert failed.returncode == 1, failed.stdout[-3000:]
+    # The loss, on the last stage, is every stage's: both see it at once.
+    assert any(re.fullmatch(r"hvdtrain: error: the loss is nan at epoch 2, step 6 on rank [01]; "
+                            r"lower --learning_rate .*", text)
+               for text in _errors_text(failed)), failed.stdout[-3000:]
+    hung = results["hang"]
+    assert hung.returncode != 0
+    assert any(text.startswith("hvdtrain: error: no progress for 18 s: rank 1 stopped making "
+                               "progress (rank 1 on ") and ": training epoch 2, step 6, idle "
+               in text and "; rank 0 waits for it in a collective" in text
+               for text in _errors_text(hung)), hung.stdout[-3000:]

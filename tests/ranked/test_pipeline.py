@@ -8,7 +8,14 @@ in one process:
   its predictions; at
   np=2 (P=2) and at np=4 with D=2 x P=2 and with T=2 x P=2 (split layers
   inside each stage);
-- activations and gradients in bfloat16 travel between stages losslessly.
+- activations and gradients in bfloat16 travel between stages losslessly;
+- a model built deferred gets values on its own stage only, the whole
+  model's;
+- from the command line: the gpt recipe (its embedding tied across the
+  first and last stages) pipelined at np=2 trains as one process, evaluates
+  and exports plain Keras; preempted, every stage stops at one step and
+  resumes bit-exactly; at np=4, T=2 x P=2 trains as one process and
+  resumes at D=2 x P=2; bad input ends every rank with one line.
 
 All cases run in the suite's shared launches (np=2 under both controllers,
 np=4 under Gloo); each arranges its layout in-process (hvdtrain.layout).
@@ -25,6 +32,7 @@ from hvdtrain import callbacks, layout
 from hvdtrain.layers import ColumnParallelDense, RowParallelDense, set_whole_weights
 from hvdtrain.parallel import collectives, pipeline, sharding
 from hvdtrain.parallel.data.optimizer import DistributedOptimizer
+from hvdtrain.parallel.pipeline import stage_weights
 from launch import horovodrun, hvdtrain_command
 from ranked.support import (error_lines, gathered, merged, on_rank_0, replica_rows,
                             stopped_in_the_second_epoch)
@@ -264,3 +272,20 @@ def test_the_recipe_at_t2xp2_trains_as_one_process_and_resumes_at_d2xp2(shared_t
     train(capfd, run, *PIPELINED, "--epochs=1", "--resume")
     for a, b in zip(written, exported(run).weights):
         np.testing.assert_array_equal(a, b.numpy(), err_msg=b.path)
+
+
+def test_a_stage_gives_values_to_its_own_weights_only_and_they_are_the_whole_models():
+    layout.arrange(1)
+    keras.utils.set_random_seed(5)
+    start = residual(split=False).get_weights()
+    layout.arrange(1, 2)
+    keras.utils.set_random_seed(5)
+    with pipeline.deferred():
+        model = residual(split=False)
+    pipelined = pipeline.Pipeline(pipeline.cut(model, at=["block"]), MICROBATCHES)
+    mine = {id(v) for v in pipelined.stage.weights}
+    others = [v for v in model.weights if id(v) not in mine]
+    assert others and all(stage_weights.is_deferred(v) for v in others)
+    values = {w.path: value for w, value in zip(model.weights, start)}
+    for weight in pipelined.stage.weights:
+        np.testing.assert_array_equal(weight.numpy(), values[weight.path], err_msg=weight.path)

@@ -2,7 +2,8 @@
 stages on the P ranks of a pipeline (hvdtrain.layout), each batch fed
 through them as M micro-batches so that the stages work at the same time.
 
-`stages.py` cuts a Keras model into stage models, `schedules.py` orders a
+`stages.py` cuts a Keras model into stage models, `stage_weights.py` leaves
+the other stages' weights without values, `schedules.py` orders a
 stage's forward and backward passes (1F1B, GPipe), `transfer.py` passes
 activations and gradients between neighbouring stages, and `model.py`'s
 Pipeline runs them inside Keras's train step. It depends on hvdtrain.layout
@@ -10,10 +11,11 @@ and hvdtrain.parallel's collectives; the public `hvdtrain.pipeline` and the
 trainer depend on it.
 """
 
+from hvdtrain.parallel.pipeline.stage_weights import deferred, on_host
 from hvdtrain.parallel.pipeline.model import Pipeline
 from hvdtrain.parallel.pipeline.schedules import (SCHEDULES, bubble, few_microbatches,
                                                   peak_stashed)
 from hvdtrain.parallel.pipeline.stages import Stages, boundaries, cut
 
-__all__ = ["SCHEDULES", "Pipeline", "Stages", "boundaries", "bubble", "cut", "few_microbatches",
-           "peak_stashed"]
+__all__ = ["SCHEDULES", "Pipeline", "Stages", "boundaries", "bubble", "cut", "deferred",
+           "few_microbatches", "on_host", "peak_stashed"]

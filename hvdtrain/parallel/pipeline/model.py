@@ -32,7 +32,7 @@ import tensorflow as tf
 from hvdtrain import layout
 from hvdtrain.errors import UsageError
 from hvdtrain.parallel import collectives
-from hvdtrain.parallel.pipeline import schedules, transfer
+from hvdtrain.parallel.pipeline import schedules, stage_weights, transfer
 
 __all__ = ["Pipeline"]
 
@@ -82,6 +82,7 @@ class Pipeline(keras.Model):
         self.microbatches = microbatches
         self.schedule = schedule
         self.stage = stages[self.stage_index]
+        stage_weights.keep(self.stage.variables)   # the other stages' stay shapes
         self._actions = schedules.SCHEDULES[schedule](count, microbatches, self.stage_index)
         last = stages[-1]
         self._last_output_specs = [keras.KerasTensor(t.shape, t.dtype) for t in last.outputs]
