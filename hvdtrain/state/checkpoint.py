@@ -19,8 +19,8 @@ the one before it. Rank 0 keeps the newest `keep` checkpoints plus the best
 by a monitored metric.
 
 Resuming, rank 0 reads the newest intact checkpoint and broadcasts where to
-go on; its variables reach the other ranks with the broadcast at the start of
-training, so the checkpoint directory need not be shared between hosts. The
+go on and its variables, so the checkpoint directory need not be shared
+between hosts. The
 run goes on at the batch after the checkpoint (see run/fit.py).
 
 The state is saved whole as rank 0 gathers it (hvdtrain.state.whole_state):
@@ -268,9 +268,8 @@ def restore(model, directory, config, steps):
     """Restores the newest intact checkpoint under `directory` into `model`
     and tells every rank where training goes on. Call it on every rank:
     rank 0 reads it, and each stage's leader (rank 0 without a pipeline)
-    takes its variables, the ranks of a stage their parts of split ones;
-    the other replicas get theirs with the broadcast at the start of
-    training.
+    takes its variables, the ranks of a stage their parts of split ones,
+    and the other replicas theirs by a broadcast from replica 0.
 
     Args:
         model: The compiled Keras model (its optimizer is built if needed).
@@ -312,6 +311,9 @@ def restore(model, directory, config, steps):
         logging.info("no checkpoint in %s: training from the start", directory)
         return 0, 0, None, {}
     whole_state.scatter(variables, values, name="hvdtrain.restore")
+    # Every rank holds the state from here, whether or not anything is left
+    # to train (the end's statistics and export read them all).
+    collectives.broadcast_variables(variables, root_rank=0)
     # Counted in data-parallel replicas: the workers, without tensor parallelism.
     replicas = layout.data_size()
     epoch, step = continue_at(saved, steps, replicas, config.batch_size)

@@ -21,6 +21,7 @@ All cases run in the suite's shared launches (np=2 under both controllers,
 np=4 under Gloo); each arranges its layout in-process (hvdtrain.layout).
 """
 
+import json
 import re
 
 import horovod.tensorflow as hvd
@@ -29,12 +30,13 @@ import numpy as np
 import pytest
 
 from hvdtrain import callbacks, layout
+from hvdtrain.state import checkpoint
 from hvdtrain.layers import ColumnParallelDense, RowParallelDense, set_whole_weights
 from hvdtrain.parallel import collectives, pipeline, sharding
 from hvdtrain.parallel.data.optimizer import DistributedOptimizer
 from hvdtrain.parallel.pipeline import stage_weights
 from launch import horovodrun, hvdtrain_command
-from ranked.support import (error_lines, gathered, merged, on_rank_0, replica_rows,
+from ranked.support import (computed_once, error_lines, gathered, merged, replica_rows,
                             stopped_in_the_second_epoch)
 
 BATCH, STEPS, MICROBATCHES, WIDTH = 8, 5, 4, 6
@@ -152,9 +154,11 @@ def test_bfloat16_activations_and_gradients_pass_between_stages():
 
 
 # The gpt recipe from the command line: a small model, short epochs, one
-# thread per rank, the input in order. Its embedding is tied to its head:
-# the first and last stages both hold it.
+# thread per rank, the input in order, a rate that does not depend on the
+# epochs (a run's first epoch is the same in a run of two). Its embedding is
+# tied to its head: the first and last stages both hold it.
 GPT = ["--recipe=gpt", "--intra_op_threads=1", "--deterministic", "--warmup_epochs=0",
+       "--lr_schedule=constant",
        "--option=train_sequences=256", "--option=validation_sequences=64",
        "--option=sequence_length=16", "--option=d_model=32", "--option=mlp_dim=64",
        "--batch_size=16"]
@@ -177,49 +181,58 @@ def assert_same_weights(a, b, atol=0.0, what=""):
                                    err_msg=f"{what} {x.path}")
 
 
+def _train_alone(directory):
+    finished = horovodrun(["hvdtrain", "train", f"--model_dir={directory}", *GPT, "--epochs=2"],
+                          np=1, timeout=300)
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def alone():
+    """The gpt recipe trained by one process, without a pipeline: its
+    checkpoints after epochs 1 and 2 and its export (once per session)."""
+    return computed_once("gpt-one-process", _train_alone)
+
+
+def checkpointed(model_dir, name):
+    """{variable name: value} of a checkpoint (the model's and the optimizer's)."""
+    path = model_dir / "checkpoints" / name
+    names = json.loads((path / checkpoint.META).read_text())["names"]
+    return dict(zip(names, checkpoint.read(path)[1]))
+
+
 @pytest.mark.slow
 @pytest.mark.launches(controllers=("gloo",))
-def test_the_recipe_pipelined_trains_as_one_process_and_exports_plain_keras(shared_tmp_path,
-                                                                          capfd):
-    result = train(capfd, shared_tmp_path / "pipelined", *PIPELINED, "--epochs=2")
+def test_the_recipe_pipelined_trains_as_one_process_and_resumes_exactly_when_preempted(
+        shared_tmp_path, capfd, alone):
+    straight = shared_tmp_path / "straight"
+    result = train(capfd, straight, *PIPELINED, "--epochs=2")
     assert "2 workers = 1 data-parallel replicas x 1 tensor-parallel ranks x 2 pipeline " \
            "stages" in result.stderr
-    alone = shared_tmp_path / "alone"
-    finished = on_rank_0(horovodrun, ["hvdtrain", "train", f"--model_dir={alone}", *GPT,
-                                      "--epochs=2"], np=1, timeout=300)
-    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
     # One model whose layers are Keras's own: the first stage's embedding
     # and the last stage's head, trained as one, and every block between.
-    model = exported(shared_tmp_path / "pipelined")
+    model = exported(straight)
     assert {type(layer).__module__.split(".")[0] for layer in model.layers} == {"keras"}
-    assert_same_weights(shared_tmp_path / "pipelined", alone, atol=1e-5)
+    assert_same_weights(straight, alone, atol=1e-5)
 
-    # hvdtrain evaluate runs the pipeline's forward passes, on the export and
-    # on a checkpoint: what training's last validation reported.
+    # hvdtrain evaluate runs the pipeline's forward passes: what training's
+    # last validation reported.
     reported = float(re.findall(r"val_loss: ([\d.]+)", result.stdout)[-1])
-    for source in ([], ["--checkpoint=epoch-0002-step-000016"]):
-        evaluated = merged(hvdtrain_command(capfd, "evaluate",
-                                            f"--model_dir={shared_tmp_path / 'pipelined'}",
-                                            *source))
-        assert evaluated.status == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
-        loss = float(re.search(r"loss ([\d.]+)", evaluated.stdout).group(1))
-        assert loss == pytest.approx(reported, abs=1e-4), source
+    evaluated = merged(hvdtrain_command(capfd, "evaluate", f"--model_dir={straight}"))
+    assert evaluated.status == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
+    assert float(re.search(r"loss ([\d.]+)", evaluated.stdout).group(1)) == pytest.approx(
+        reported, abs=1e-4)
 
-
-@pytest.mark.slow
-@pytest.mark.launches(controllers=("gloo",))
-def test_a_preempted_pipeline_stops_every_stage_at_one_step_and_resumes_exactly(
-        shared_tmp_path, capfd):
-    straight = shared_tmp_path / "straight"
-    train(capfd, straight, *PIPELINED, "--epochs=2")
-    # Rank 1, the last stage, is signalled in the second epoch.
+    # Rank 1, the last stage, is signalled in the second epoch: both stages
+    # stop after the same step, and the checkpoint resumes bit for bit.
     from hvdtrain import recipe
 
     preempted = shared_tmp_path / "preempted"
     options = [a.removeprefix("--option=") for a in GPT if a.startswith("--option=")]
     config = recipe.make_config("gpt", options=options, model_dir=str(preempted), epochs=2,
                                 intra_op_threads=1, deterministic=True, warmup_epochs=0,
-                                batch_size=16, pipeline_parallel=2, microbatches=4)
+                                lr_schedule="constant", batch_size=16, pipeline_parallel=2,
+                                microbatches=4)
     where = stopped_in_the_second_epoch(config)
     assert where[0] == where[1], where
     train(capfd, preempted, *PIPELINED, "--epochs=2", "--resume")
@@ -258,14 +271,18 @@ def test_bad_input_ends_every_rank_with_one_line(shared_tmp_path, capfd, case):
 
 @pytest.mark.slow
 @pytest.mark.launches(np=4)
-def test_the_recipe_at_t2xp2_trains_as_one_process_and_resumes_at_d2xp2(shared_tmp_path, capfd):
+def test_the_recipe_at_t2xp2_trains_as_one_process_and_resumes_at_d2xp2(shared_tmp_path, capfd,
+                                                                      alone):
     run = shared_tmp_path / "run"
     train(capfd, run, *PIPELINED, "--tensor_parallel=2", "--epochs=1")
-    alone = shared_tmp_path / "alone"
-    finished = on_rank_0(horovodrun, ["hvdtrain", "train", f"--model_dir={alone}", *GPT,
-                                      "--epochs=1"], np=1, timeout=300)
-    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
-    assert_same_weights(run, alone, atol=1e-5)
+    # Each stage's split weights and their AdamW slots, saved whole: one
+    # process's after the same epoch.
+    name = "epoch-0001-step-000016"
+    mine, reference = checkpointed(run, name), checkpointed(alone, name)
+    assert set(mine) == set(reference)
+    for variable, value in mine.items():
+        np.testing.assert_allclose(value, reference[variable], rtol=0, atol=1e-5,
+                                   err_msg=variable)
     # Read at D=2 x T=1 x P=2, with nothing left to train: the export is the
     # state as restored, every stage's split weights made whole again.
     written = [w.numpy() for w in exported(run).weights]
