@@ -20,8 +20,8 @@ from hvdtrain.faults.preemption import Preempted
 from harness.fixtures import SESSION_DIR
 from launch import Finished
 
-__all__ = ["computed_once", "error_lines", "gathered", "merged", "on_rank_0", "replica_rows",
-           "stopped_in_the_second_epoch"]
+__all__ = ["computed_once", "error_lines", "gathered", "merged", "on_rank_0",
+           "refused_on_every_rank", "replica_rows", "stopped_in_the_second_epoch"]
 
 
 def gathered(value):
@@ -34,6 +34,18 @@ def error_lines(results):
     on every rank (`gathered` results of launch.hvdtrain_command)."""
     return {rank: text for rank, result in enumerate(results)
             for text in result.output.splitlines() if "hvdtrain: error:" in text}
+
+
+def refused_on_every_rank(results):
+    """The one line with which every rank refused a command (`gathered`
+    results of launch.hvdtrain_command): each failed, and printed the same
+    error line."""
+    output = "".join(r.output for r in results)
+    assert all(r.status != 0 for r in results), output[-3000:]
+    errors = error_lines(results)
+    assert set(errors) == set(range(len(results))) and len(set(errors.values())) == 1, \
+        output[-3000:]
+    return errors[0]
 
 
 def replica_rows(global_batch, steps):
