@@ -22,7 +22,8 @@ the targets. The last stage computes the loss and updates the metrics;
 after each step (and each evaluation batch) the metric states are made the
 same on every stage, so that Keras's logs, the callbacks and the checkpoints
 see the same metrics everywhere. A stage's own regularization losses join
-the loss there.
+the loss there. A weight that several stages hold (a tied embedding and
+head) gets the sum of their gradients on each of them.
 """
 
 import horovod.tensorflow as hvd
@@ -156,14 +157,13 @@ class Pipeline(keras.Model):
     def _start_tied_alike(self):
         """Gives each weight that several stages hold (`_tied`) the value
         of its first stage, on the others."""
-        values = [_value_on(v, stages[0] == self.stage_index) for v, stages in self._tied]
-        with collectives.root_name_scope():
-            values = [hvd.broadcast(value, layout.current().pipeline_group(hvd.rank())[stages[0]],
-                                    name=f"hvdtrain.pipeline.tied.start.{j}",
-                                    process_set=layout.pipeline_set())
-                      for j, (value, (_, stages)) in enumerate(zip(values, self._tied))]
-        for (variable, stages), value in zip(self._tied, values):
-            if self.stage_index in stages:
+        ranks = layout.current().pipeline_group(hvd.rank())   # by stage
+        values = [_value_on(v, held[0] == self.stage_index) for v, held in self._tied]
+        values = [hvd.broadcast(value, ranks[held[0]], name=f"hvdtrain.pipeline.tied.start.{j}",
+                                process_set=layout.pipeline_set())
+                  for j, (value, (_, held)) in enumerate(zip(values, self._tied))]
+        for (variable, held), value in zip(self._tied, values):
+            if self.stage_index in held:
                 variable.assign(value)
 
     def _sum_tied_gradients(self, step):
