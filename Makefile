@@ -67,6 +67,7 @@ bench: setup
 	python bench/startup.py
 	python bench/preemption.py
 	python bench/step_options.py
+	python bench/steps_per_execution.py
 	python bench/sharded_embeddings.py
 	python bench/pipeline.py
 	-bash bench/keras2_env.sh

@@ -19,10 +19,13 @@ resume), so the two alternate every half second or so and drift on a busy
 machine hits both alike. Both are measured by the throughput meter: windows
 of steps after warm-up steps, inside epochs, so epoch-end work (checkpoints,
 logs) is left out and only training steps are compared. The report is the
-median over epochs of hvdtrain / keras; goal: >= 0.97 (at most 3% slower).
+median over epochs of hvdtrain / keras; goal: >= 0.99 (at most 1% slower).
 The first epoch is left out of it: there each hvdtrain callback's per-step
-hooks are timed instead (median CPU microseconds per step), which says where
-a gap comes from. Rank 0 prints a table and writes JSON.
+hooks are timed instead (median CPU microseconds per step; goal: none above
+0.3% of a step), which says where a gap comes from. The learning rate is
+set in the step and the stop vote comes out of it (run/learning_rate.py,
+run/executions.py): neither has a hook of its own. Rank 0 prints a table
+and writes JSON.
 """
 
 import collections
@@ -37,7 +40,8 @@ from absl import app, flags
 import horovod_workers
 
 RECIPE = "digits_cnn"
-GOAL = 0.97
+GOAL = 0.99
+HOOK_GOAL = 0.003   # of a step, for each callback's per-step hooks
 
 flags.DEFINE_integer("epochs", 30, "Epochs each trains: one ratio per epoch after the first.")
 flags.DEFINE_integer("intra_op_threads", 1, "TensorFlow's intra-op threads, for both.")
@@ -65,7 +69,10 @@ def launch():
     for name, us in sorted(r["hook_us_per_step"].items(), key=lambda item: -item[1]):
         print(f"  {name:<34}{us:>8.1f}{us / step_us:>8.1%}")
     verdict = "met" if r["ratio"] >= GOAL else "NOT met"
-    print(f"goal: hvdtrain/keras >= {GOAL} (at most 3% slower): {verdict}. JSON: {FLAGS.output}")
+    costly = [name for name, us in r["hook_us_per_step"].items() if us / step_us > HOOK_GOAL]
+    print(f"goal: hvdtrain/keras >= {GOAL} (at most 1% slower): {verdict}; each callback's "
+          f"hooks at most {HOOK_GOAL:.1%} of a step: "
+          f"{'NOT met by ' + ', '.join(costly) if costly else 'met'}. JSON: {FLAGS.output}")
 
 
 def work(scratch):
@@ -74,7 +81,7 @@ def work(scratch):
     import hvdtrain
     from hvdtrain import callbacks as hvdtrain_callbacks, recipe as recipe_lib
     from hvdtrain.parallel.data import optimizer
-    from hvdtrain.run import compiled_model, trainer
+    from hvdtrain.run import compiled_model, executions, learning_rate, trainer
 
     hvdtrain.init(intra_op_threads=FLAGS.intra_op_threads)
     recipe = recipe_lib.get(RECIPE)
@@ -83,26 +90,28 @@ def work(scratch):
         intra_op_threads=FLAGS.intra_op_threads, throughput_warmup_steps=FLAGS.warmup_steps,
         throughput_window_steps=FLAGS.window_steps)
 
-    def model(optimizer):
+    def model():
         keras.utils.set_random_seed(config.seed)
-        net = recipe.build_model(config)
-        net.compile(optimizer=optimizer, loss=recipe.loss, jit_compile=False,
-                    metrics=[m() if isinstance(m, type) else m for m in recipe.metrics])
-        return net
+        return recipe.build_model(config)
 
     # As trainer.train sets up a run (one worker: the rate needs no scaling).
-    hvd_model = model(hvdtrain.DistributedOptimizer(
-        compiled_model.keras_optimizer(config, config.learning_rate), average_aggregated_gradients=True))
+    hvd_model = compiled_model.compile_model(model(), recipe, config)
+    learning_rate.set_up(hvd_model.optimizer, config)
     # With its stop vote in the step, as a run that stops cleanly on a signal.
     vote = hvdtrain_callbacks.StopVote()
     optimizer.add_step_exchange(hvd_model.optimizer, vote.exchange)
+    vote.outcome = executions.of(hvd_model).carry("hvdtrain.stop_vote", vote.agreed.value)
     splits = recipe.load_data(config)
+    learning_rate.stand_at(hvd_model.optimizer, config, 0, splits.train.steps, replicas=1)
     started = trainer._callbacks(
-        None, vote, config, pathlib.Path(scratch), config.learning_rate, splits.train.steps,
+        None, vote, config, pathlib.Path(scratch), splits.train.steps,
         splits.validation.steps, start=(0, 0), resumed=False)
     hvd_callbacks, hvd_meter = started.ordered, started.meter
 
-    keras_model = model(compiled_model.keras_optimizer(config, config.learning_rate))
+    keras_model = model()
+    keras_model.compile(optimizer=compiled_model.keras_optimizer(config, config.learning_rate),
+                        loss=recipe.loss, jit_compile=False,
+                        metrics=[m() if isinstance(m, type) else m for m in recipe.metrics])
     keras_train = recipe.load_data(config).train
     keras_meter = hvdtrain_callbacks.Throughput(config.batch_size, config.throughput_warmup_steps,
                                                 config.throughput_window_steps)

@@ -166,6 +166,10 @@ class TrainConfig:
     jit_compile: bool = _setting(
         False, "Compile the forward and backward pass and the optimizer's update with XLA, "
         "with Horovod's collectives between them, outside XLA.")
+    steps_per_execution: int = _number(
+        1, POSITIVE, "Training steps per call of the compiled train function (Keras's "
+        "steps_per_execution; each step still reduces its gradients): less Python between "
+        "steps. Callbacks act between calls, and an epoch's last call stops at its end.")
     tensor_parallel: int = _number(
         1, POSITIVE, "T: split the model's tensor-parallel layers over T consecutive ranks "
         "(a replica; inside a host), which read the same batch; the workers / T replicas are "

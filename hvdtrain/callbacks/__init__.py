@@ -16,7 +16,8 @@ from hvdtrain.callbacks.epoch_tensorboard import EpochTensorBoard
 from hvdtrain.callbacks.exact_evaluation import ExactEvaluation
 from hvdtrain.callbacks.fail_on_non_finite_loss import FailOnNonFiniteLoss
 from hvdtrain.callbacks.horovod_timeline import HorovodTimeline
-from hvdtrain.callbacks.learning_rate_schedule import ScheduledLearningRate, decay_after_warmup
+from hvdtrain.callbacks.learning_rate_log import LearningRateLog
+from hvdtrain.callbacks.learning_rate_schedule import ScheduledLearningRate
 from hvdtrain.callbacks.learning_rate_warmup import LearningRateWarmup
 from hvdtrain.callbacks.order import ORDER, in_order
 from hvdtrain.callbacks.periodic_checkpoint import PeriodicCheckpoint
@@ -32,8 +33,8 @@ __all__ = [
     "AtomicModelCheckpoint", "AverageMetrics", "AverageWeightsForEvaluation",
     "BroadcastInitialState", "CommitState", "EarlyStopping", "EpochTensorBoard",
     "ExactEvaluation", "FailOnNonFiniteLoss", "HorovodTimeline", "KeptState",
-    "LearningRateWarmup", "ORDER", "PeriodicCheckpoint", "PlateauLearningRate",
+    "LearningRateLog", "LearningRateWarmup", "ORDER", "PeriodicCheckpoint", "PlateauLearningRate",
     "PreemptionStop", "ProfilerWindow", "RunLog", "ScheduledLearningRate", "StopVote",
     "Throughput", "TrackPosition", "TrainingCallback", "WatchdogProgress",
-    "decay_after_warmup", "in_order", "kept_states",
+    "in_order", "kept_states",
 ]

@@ -13,7 +13,7 @@ class TrainingCallback(keras.callbacks.Callback):
 
     `epoch` is the current epoch (0-based, as Keras passes it). Steps are
     counted in whole epochs of `params["steps"]` batches, also in the rest
-    of an epoch that a resumed run continues (fit.ContinuedEpoch shows it as
+    of an epoch that a resumed run continues (fit.EpochSteps shows it as
     the whole epoch). Subclasses that define `on_epoch_begin` call this
     one's.
     """

@@ -19,7 +19,8 @@ class CommitState(keras.callbacks.Callback):
         state: The `hvdtrain.elastic.KerasState` to commit.
         batches_per_commit: Batches between commits, counted from each
             (re)start of training so that every worker commits at the same
-            batches.
+            batches; with several steps per call of the train function, at
+            the end of the call that reaches them.
     """
 
     def __init__(self, state, batches_per_commit=1):
@@ -27,14 +28,18 @@ class CommitState(keras.callbacks.Callback):
         self.state = state
         self.batches_per_commit = batches_per_commit
         self.batches_remaining = batches_per_commit
+        self._first = 0   # of the steps the train function runs in one call
 
     def on_train_begin(self, logs=None):
         # Counted from each (re)start, so every worker commits at the same batches.
         self.batches_remaining = self.batches_per_commit
 
+    def on_train_batch_begin(self, batch, logs=None):
+        self._first = batch
+
     def on_train_batch_end(self, batch, logs=None):
-        self.batches_remaining -= 1
-        if self.batches_remaining == 0:
+        self.batches_remaining -= batch - self._first + 1
+        if self.batches_remaining <= 0:
             self.batches_remaining = self.batches_per_commit
             steps = self.params.get("steps")
             if not (self.model.stop_training or (steps and batch + 1 >= steps)):

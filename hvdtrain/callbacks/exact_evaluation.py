@@ -26,13 +26,15 @@ class ExactEvaluation(keras.callbacks.Callback):
     def __init__(self, steps):
         super().__init__()
         self.steps = steps
-        self._done = 0
+        self._summed = False
 
     def on_test_begin(self, logs=None):
-        self._done = 0
+        self._summed = False
         average_statistics(self.model)
 
     def on_test_batch_end(self, batch, logs=None):
-        self._done += 1
-        if self._done == self.steps:
+        # `batch`: the last step of the call (of several, with
+        # steps_per_execution; Keras may count past the data's end).
+        if not self._summed and batch + 1 >= self.steps:
             sum_metric_states(self.model.metrics)
+            self._summed = True

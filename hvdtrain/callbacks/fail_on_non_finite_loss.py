@@ -14,12 +14,25 @@ class FailOnNonFiniteLoss(TrainingCallback):
     """Ends training with a TrainingError naming the epoch, step and rank as
     soon as this rank's loss is NaN or infinite. The launcher then stops the
     other ranks (their next collective waits for this one in vain), so the
-    job ends at once instead of training on a diverged model."""
+    job ends at once instead of training on a diverged model.
+
+    The loss it reads is the epoch's running mean, which a step's NaN keeps:
+    with several steps per call of the train function, one check after each
+    call sees every step's, and names the call's steps."""
+
+    def __init__(self):
+        super().__init__()
+        self._first = 0   # of the steps of the call under way
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._first = batch
 
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(float(loss)):
+            steps = f"step {batch + 1}" if batch == self._first else (
+                f"steps {self._first + 1}-{batch + 1}")
             raise TrainingError(
-                f"the loss is {float(loss)} at epoch {self.epoch + 1}, step {batch + 1} "
+                f"the loss is {float(loss)} at epoch {self.epoch + 1}, {steps} "
                 f"on rank {hvd.rank()}; lower --learning_rate or check the data, then "
                 "resume from the last checkpoint (or keep going with --nan_policy=ignore)")

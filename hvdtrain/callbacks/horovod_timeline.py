@@ -14,7 +14,8 @@ __all__ = ["HorovodTimeline"]
 class HorovodTimeline(TrainingCallback):
     """Records Horovod's timeline (negotiation, fusion and each collective,
     for every rank) over global training steps `first` to `last`
-    (1-based, inclusive) into `path`, which rank 0 writes; view it in
+    (1-based, inclusive; with several steps per call of the train function,
+    the calls that hold them) into `path`, which rank 0 writes; view it in
     chrome://tracing or ui.perfetto.dev. Needs runtime.init(timeline=True).
 
     Args:
@@ -31,7 +32,10 @@ class HorovodTimeline(TrainingCallback):
         self._recording = False
 
     def on_train_batch_begin(self, batch, logs=None):
-        if not self._recording and self.first <= self.global_step(batch) <= self.last:
+        # A call of several steps is recorded whole when the window reaches into it.
+        first_step = self.global_step(batch)
+        if (not self._recording and first_step <= self.last
+                and first_step + self.model.steps_per_execution > self.first):
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
             hvd.start_timeline(self.path, mark_cycles=True)
             self._recording = True

@@ -1,13 +1,12 @@
-"""The learning rate set from a multiplier of the (fractional) epoch, with
-momentum correction; the schedules hvdtrain train uses after warm-up."""
+"""The learning rate set between steps from a multiplier of the
+(fractional) epoch, with momentum correction: Horovod's callback (hvdtrain
+train sets its rate inside the step instead: parallel/data/step_rate.py)."""
 
-import keras
-
-from hvdtrain import schedules
 from hvdtrain.callbacks.base import TrainingCallback
 from hvdtrain.parallel.data.optimizer import accumulated_only
+from hvdtrain.parallel.data.step_rate import momentum_slots
 
-__all__ = ["ScheduledLearningRate", "decay_after_warmup"]
+__all__ = ["ScheduledLearningRate"]
 
 
 class ScheduledLearningRate(TrainingCallback):
@@ -102,30 +101,10 @@ class ScheduledLearningRate(TrainingCallback):
             self._correction = _MomentumCorrection.begin(optimizer, new_lr / old_lr)
 
 
-def decay_after_warmup(schedule, initial_lr, epochs, warmup_epochs, steps_per_epoch):
-    """The rate after warm-up by the schedule named `schedule` (see
-    hvdtrain.schedules), from the first whole epoch after it (a fractional
-    warm-up holds its final rate until then). Set at every step, so a run
-    resumed mid-epoch has its rate at once.
-
-    Raises:
-        UsageError: `schedule` names no schedule.
-    """
-    return ScheduledLearningRate(initial_lr,
-                                 schedules.after_warmup(schedule, epochs, warmup_epochs),
-                                 start_epoch=warmup_epochs, staircase=False,
-                                 steps_per_epoch=steps_per_epoch)
-
-
 class _MomentumCorrection:
-    """Runs one step as if the optimizer's momentum were `momentum * ratio`.
-
-    Horovod changes `optimizer.momentum` for the step and restores it after;
-    Keras 3 bakes `momentum` into the traced train step, so this scales the
-    velocity slots instead. SGD updates `v = momentum * v - lr * g` and RMSprop
-    `v = momentum * v + lr * g / rms`, then apply `v`: scaling `v` by `ratio`
-    before the step is using `momentum * ratio` in it. Nesterov SGD reads
-    momentum once more, `w += momentum * v - lr * g`; the missing
+    """Runs one step as if the optimizer's momentum were `momentum * ratio`,
+    by scaling its velocity slots (step_rate.momentum_slots). Nesterov SGD
+    reads momentum once more, `w += momentum * v - lr * g`; the missing
     `momentum * (ratio - 1) * v` is added to the weights after the step.
     """
 
@@ -141,16 +120,9 @@ class _MomentumCorrection:
     @classmethod
     def begin(cls, optimizer, ratio):
         """The correction for this step, or None if `optimizer` has no momentum."""
-        applying = optimizer  # the distributed one: it knows whether it only accumulated
-        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            optimizer = optimizer.inner_optimizer
-        if not optimizer.built or not getattr(optimizer, "momentum", 0):
-            return None
-        if isinstance(optimizer, keras.optimizers.SGD):
-            return cls(optimizer, optimizer.momentums, ratio, applying)
-        if isinstance(optimizer, keras.optimizers.RMSprop):
-            return cls(optimizer, optimizer._momentums, ratio, applying)  # no public name
-        return None
+        # The distributed one given knows whether it only accumulated.
+        updating, slots = momentum_slots(optimizer)
+        return cls(updating, slots, ratio, optimizer) if slots else None
 
     def end(self):
         if (int(self.optimizer.iterations) == self.iterations

@@ -2,7 +2,7 @@
 
 from absl import logging
 
-from hvdtrain import layout
+from hvdtrain import layout, schedules
 from hvdtrain.callbacks.learning_rate_schedule import ScheduledLearningRate
 
 __all__ = ["LearningRateWarmup"]
@@ -25,10 +25,8 @@ class LearningRateWarmup(ScheduledLearningRate):
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
                  steps_per_epoch=None, verbose=0):
         def multiplier(epoch):
-            # Counting the batch being started makes each epoch end on a round value.
-            epoch = min(epoch + 1.0 / self.steps_per_epoch, warmup_epochs)
-            replicas = layout.data_size()
-            return (epoch * (replicas - 1) / warmup_epochs + 1) / replicas
+            return schedules.warmup(epoch, warmup_epochs, layout.data_size(),
+                                    self.steps_per_epoch)
 
         super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
                          staircase=False, momentum_correction=momentum_correction,

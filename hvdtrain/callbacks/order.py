@@ -16,8 +16,7 @@ from hvdtrain.callbacks.epoch_tensorboard import EpochTensorBoard
 from hvdtrain.callbacks.exact_evaluation import ExactEvaluation
 from hvdtrain.callbacks.fail_on_non_finite_loss import FailOnNonFiniteLoss
 from hvdtrain.callbacks.horovod_timeline import HorovodTimeline
-from hvdtrain.callbacks.learning_rate_schedule import ScheduledLearningRate
-from hvdtrain.callbacks.learning_rate_warmup import LearningRateWarmup
+from hvdtrain.callbacks.learning_rate_log import LearningRateLog
 from hvdtrain.callbacks.periodic_checkpoint import PeriodicCheckpoint
 from hvdtrain.callbacks.plateau_learning_rate import PlateauLearningRate
 from hvdtrain.callbacks.preemption_stop import PreemptionStop
@@ -37,9 +36,8 @@ ORDER = (
     ExactEvaluation,        # ... its metrics exact over the whole split, ...
     AverageMetrics,         # ... training metrics: averaged, before everything that reads them
     FailOnNonFiniteLoss,
-    LearningRateWarmup,     # the rate: warm-up, then the schedule after it
-    PlateauLearningRate,
-    ScheduledLearningRate,
+    LearningRateLog,        # the rate the epoch ended at, beside its metrics
+    PlateauLearningRate,    # lowers the rate for the next epochs
     EarlyStopping,
     PeriodicCheckpoint,     # writes the averaged metric it monitors, and the decisions' state
     RunLog,                 # records the averaged metrics and the meter's epoch

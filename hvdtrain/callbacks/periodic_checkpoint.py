@@ -35,7 +35,9 @@ class PeriodicCheckpoint(TrainingCallback):
         batch_size: The batch per worker.
         epochs: The run's epochs: the last one always ends with a checkpoint.
         every_epochs: Epochs between checkpoints (0: only after the last).
-        every_steps: Training steps between checkpoints inside epochs (0: none).
+        every_steps: Training steps between checkpoints inside epochs (0:
+            none); with several steps per call of the train function, at
+            the end of the call that reaches each multiple.
         keep: How many of the newest checkpoints are kept.
         monitor: The metric whose best checkpoint is kept too (None: none).
             Better is the direction the metric declares, as in Keras's
@@ -57,11 +59,18 @@ class PeriodicCheckpoint(TrainingCallback):
         self.kept = kept
         self.seconds = []   # each save's duration, on rank 0
         self.last_written = None   # (epoch, step) of this run's newest save
+        self._first = 0   # of the steps the train function runs in one call
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._first = batch
 
     def on_train_batch_end(self, batch, logs=None):
+        # With several steps per call: at the first call's end at or after
+        # each multiple of every_steps.
         step = batch + 1
         if (self.every_steps and step < self.params["steps"]
-                and self.global_step(batch) % self.every_steps == 0):
+                and self.global_step(batch) // self.every_steps
+                > (self.global_step(self._first) - 1) // self.every_steps):
             self.save(self.epoch, step)
 
     def on_epoch_end(self, epoch, logs=None):

@@ -4,32 +4,32 @@
 import keras
 from absl import logging
 
-from hvdtrain.callbacks.base import KeptState, monitor_mode, watched_value
-from hvdtrain.callbacks.learning_rate_schedule import ScheduledLearningRate
+from hvdtrain.callbacks.base import KeptState, TrainingCallback, monitor_mode, watched_value
+from hvdtrain.errors import UsageError
+from hvdtrain.parallel.data.optimizer import step_rate
 
 __all__ = ["PlateauLearningRate"]
 
 
-class PlateauLearningRate(KeptState, ScheduledLearningRate):
-    """After warm-up, the scaled rate times `factor` for each time `monitor`
-    has not improved for `patience` epochs, as Keras's ReduceLROnPlateau
-    decides it (min_delta, cooldown), on metrics averaged over the workers
-    (put it after AverageMetrics and ExactEvaluation: callbacks.ORDER), so
-    that every rank lowers its rate at the same epoch.
+class PlateauLearningRate(KeptState, TrainingCallback):
+    """After warm-up, the rate times `factor` for each time `monitor` has
+    not improved for `patience` epochs, as Keras's ReduceLROnPlateau decides
+    it (min_delta, cooldown), on metrics averaged over the workers (put it
+    after AverageMetrics and ExactEvaluation: callbacks.ORDER), so that
+    every rank lowers its rate at the same epoch.
 
-    Unlike Keras's callback it counts the lowerings and sets the rate as the
-    other schedules do: at every step, with momentum correction, from the
-    rate scaled for the workers there are (a run resumed on another number
-    of workers keeps its lowerings). The count, and Keras's own state, are
-    kept in checkpoints.
+    Unlike Keras's callback it counts the lowerings and has the train step's
+    rate (hvdtrain.run.learning_rate.TrainingRate) multiplied by
+    `factor ** lowerings`: set at every step with momentum correction, from
+    the rate scaled for the workers there are (a run resumed on another
+    number of workers keeps its lowerings). The count, and Keras's own
+    state, are kept in checkpoints.
 
     Args:
         monitor: The metric watched (e.g. "val_loss").
-        initial_lr: The rate after warm-up, scaled for the workers.
         factor: What each lowering multiplies the rate by, in (0, 1).
         patience: Epochs without improvement before a lowering.
         warmup_epochs: Epochs of warm-up; the epochs that begin after it count.
-        steps_per_epoch: As in ScheduledLearningRate.
         min_delta: The least change that counts as an improvement.
         mode: "min", "max", or "auto" (the direction the metric declares:
             callbacks.base.monitor_mode).
@@ -38,12 +38,12 @@ class PlateauLearningRate(KeptState, ScheduledLearningRate):
 
     state_key = "plateau"
 
-    def __init__(self, monitor, initial_lr, factor, patience, warmup_epochs, steps_per_epoch,
-                 min_delta=1e-4, mode="auto", state=None):
+    def __init__(self, monitor, factor, patience, warmup_epochs, min_delta=1e-4, mode="auto",
+                 state=None):
+        super().__init__()
+        self.factor = factor
+        self.warmup_epochs = warmup_epochs
         self.lowerings = 0
-        super().__init__(initial_lr, lambda epoch: factor ** self.lowerings,
-                         start_epoch=warmup_epochs, staircase=False,
-                         steps_per_epoch=steps_per_epoch)
         self._judge = _CountLowerings(self, monitor=monitor, factor=factor, patience=patience,
                                       min_delta=min_delta, mode=mode)
         self._restored = state
@@ -54,7 +54,6 @@ class PlateauLearningRate(KeptState, ScheduledLearningRate):
         self._judge.set_model(model)
 
     def on_train_begin(self, logs=None):
-        super().on_train_begin(logs)
         # A run resumed mid-epoch fits twice: the count goes on across both.
         if self._started:
             return
@@ -62,12 +61,13 @@ class PlateauLearningRate(KeptState, ScheduledLearningRate):
         self._judge.on_train_begin(logs)
         if self._restored:
             self.set_state(self._restored)
+        self._lower()
 
     def on_epoch_end(self, epoch, logs=None):
         watched_value(logs, self._judge.monitor)
-        if epoch >= self.start_epoch:
+        if epoch >= self.warmup_epochs:
             self._judge.on_epoch_end(epoch, logs)
-        super().on_epoch_end(epoch, logs)
+            self._lower()
 
     def get_state(self):
         judge = self._judge
@@ -79,6 +79,14 @@ class PlateauLearningRate(KeptState, ScheduledLearningRate):
         self.lowerings = state["lowerings"]
         self._judge.wait, self._judge.best = state["wait"], state["best"]
         self._judge.cooldown_counter = state["cooldown_counter"]
+
+    def _lower(self):
+        rate = step_rate(self.model.optimizer)
+        if rate is None:
+            raise UsageError("PlateauLearningRate lowers the rate hvdtrain train sets in its "
+                             "train step; in your own script use "
+                             "keras.callbacks.ReduceLROnPlateau after AverageMetrics")
+        rate.schedule.lower(self.factor ** self.lowerings)
 
 
 class _CountLowerings(keras.callbacks.ReduceLROnPlateau):

@@ -20,9 +20,11 @@ class PreemptionStop(TrainingCallback):
     rank 0 has written a checkpoint of where training stands.
 
     The ranks agree in two ways. During an epoch, a rank asked to stop sets
-    its `vote.wanted` before its next step, and the step's gradient
-    allreduce carries the vote (the trainer adds `vote.exchange` to the
-    optimizer): the ranks stop after that step, at no cost to the others.
+    its `vote.wanted` before its next call of the train function, and each
+    step's gradient allreduce carries the vote (the trainer adds
+    `vote.exchange` to the optimizer): the ranks stop after that call (of
+    one step, or several with steps_per_execution), at no cost to the
+    others.
     Where no step runs (before the first, during validation and the epoch's
     end) they agree with one small allreduce at the start of training and
     at each epoch's end. An epoch's last step stops at that epoch's end, so
@@ -60,7 +62,7 @@ class PreemptionStop(TrainingCallback):
             self._voted = True
 
     def on_train_batch_end(self, batch, logs=None):
-        if float(self.vote.agreed.value()) <= 0:
+        if not self.vote.passed():
             return
         if batch + 1 == self.params["steps"]:
             self._at_epoch_end = True   # the stop comes at the epoch's end
@@ -105,11 +107,20 @@ class StopVote:
     (same dtype and op, so Horovod fuses it into the same cycle), sets
     `agreed` to its average over the ranks. After a step every rank reads
     the same `agreed`, and a positive one means: stop after this step.
+
+    `outcome`, when set, gives `agreed` as the train function carried it
+    out of its last call (hvdtrain.run.executions): read that way, the vote
+    costs no read of a variable between steps.
     """
 
     def __init__(self):
         self.wanted = tf.Variable(0.0, trainable=False, name="hvdtrain_stop_wanted")
         self.agreed = tf.Variable(0.0, trainable=False, name="hvdtrain_stop_agreed")
+        self.outcome = self.agreed.value
+
+    def passed(self):
+        """Whether the ranks agreed to stop, as of the last step."""
+        return float(self.outcome()) > 0
 
     def exchange(self):
         """The vote's collective; called in the train step on every rank."""

@@ -42,8 +42,10 @@ class ProfilerWindow(TrainingCallback):
             tf.profiler.experimental.stop(save=False)
 
     def on_train_batch_begin(self, batch, logs=None):
+        # A call of several steps is recorded whole, as one step, when the
+        # window reaches into it.
         step = self.global_step(batch)
-        if not self.first <= step <= self.last:
+        if not (step <= self.last and step + self.model.steps_per_execution > self.first):
             return
         if not self._recording:
             tf.profiler.experimental.start(self.log_dir)

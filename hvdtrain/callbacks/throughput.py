@@ -12,7 +12,9 @@ __all__ = ["Throughput"]
 class Throughput(keras.callbacks.Callback):
     """Times windows of `window_steps` training steps of `batch_size`
     examples per worker after the first `warmup_steps` of each fit. Give it
-    to every rank, first among the callbacks.
+    to every rank, first among the callbacks. With several steps per call
+    of the train function the calls are timed: warm-up and windows end at
+    the first call's end that reaches their steps.
 
     At each epoch's end (a collective) it adds the epoch's total rate to the
     logs as `examples_per_second`, for the progress line, the history and
@@ -38,7 +40,7 @@ class Throughput(keras.callbacks.Callback):
         self.samples = []
         self.epoch_measurement = None
         self.run_measurement = None
-        self.epoch_step_seconds = []   # this rank's timed steps of the last epoch
+        self.epoch_step_seconds = []   # this rank's timed steps of the last epoch (of each call)
         self.seconds = 0.0
         self._first_begin = None
         self._epoch_first_sample = 0
@@ -46,6 +48,7 @@ class Throughput(keras.callbacks.Callback):
         self._window_start = None
         self._window_steps_done = 0
         self._step_start = None
+        self._first = 0   # of the steps of the call under way
 
     def on_train_begin(self, logs=None):
         self._steps_this_fit = 0
@@ -58,6 +61,7 @@ class Throughput(keras.callbacks.Callback):
         self.epoch_step_seconds = []
 
     def on_train_batch_begin(self, batch, logs=None):
+        self._first = batch
         if self._steps_this_fit < self.warmup_steps:
             return
         self._step_start = time.perf_counter()
@@ -65,17 +69,19 @@ class Throughput(keras.callbacks.Callback):
             self._window_start, self._window_steps_done = self._step_start, 0
 
     def on_train_batch_end(self, batch, logs=None):
-        self._steps_this_fit += 1
+        steps = batch - self._first + 1
+        self._steps_this_fit += steps
         if self._window_start is None:
             return
         loss = (logs or {}).get("loss")
         if loss is not None:
             float(loss)  # waits for the step to finish where it runs asynchronously (GPUs)
         now = time.perf_counter()
-        self.epoch_step_seconds.append(now - self._step_start)
-        self._window_steps_done += 1
-        if self._window_steps_done == self.window_steps:
-            self.samples.append(self.window_steps * self.batch_size / (now - self._window_start))
+        self.epoch_step_seconds.extend([(now - self._step_start) / steps] * steps)
+        self._window_steps_done += steps
+        if self._window_steps_done >= self.window_steps:
+            self.samples.append(
+                self._window_steps_done * self.batch_size / (now - self._window_start))
             self._window_start = None
 
     def on_epoch_end(self, epoch, logs=None):

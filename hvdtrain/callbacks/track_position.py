@@ -18,7 +18,7 @@ class TrackPosition(TrainingCallback):
 
     It never ends an epoch early (Horovod's UpdateBatchStateCallback does):
     fit a resumed epoch's rest with its own steps, and give this callback
-    the batch numbers of the whole epoch (fit.ContinuedEpoch does).
+    the batch numbers of the whole epoch (fit.EpochSteps does).
 
     Args:
         state: The `hvdtrain.elastic.KerasState` whose `position` it sets.

@@ -13,7 +13,7 @@ from hvdtrain.errors import UsageError
 from hvdtrain.parallel import collectives, pipeline, sharding
 from hvdtrain.parallel.data.compression import Compression
 from hvdtrain.parallel.data.optimizer import DistributedOptimizer
-from hvdtrain.run import xla
+from hvdtrain.run import executions, xla
 
 __all__ = ["build", "compile_model", "keras_optimizer"]
 
@@ -111,7 +111,10 @@ def compile_model(model, recipe, config):
     Returns:
         `model`, compiled with a `DistributedOptimizer` that reduces over
         the data-parallel replicas, whose rate is `config.learning_rate`
-        scaled by their number (the workers', without tensor parallelism).
+        scaled by their number (the workers', without tensor parallelism),
+        whose train function runs `config.steps_per_execution` steps per
+        call (run/executions.py). The trainer has the step warm the rate
+        up and schedule it (run/learning_rate.py).
     """
     optimizer = DistributedOptimizer(
         keras_optimizer(config, config.learning_rate * layout.data_size()),
@@ -126,6 +129,7 @@ def compile_model(model, recipe, config):
     # XLA cannot hold Horovod's collectives (Keras would pick it on GPUs):
     # --jit_compile compiles the rest of the step.
     model.compile(optimizer=optimizer, loss=recipe.loss, metrics=metrics, jit_compile=False)
+    executions.Executions(model, config.steps_per_execution)
     if config.jit_compile:
         xla.jit_compile(model)
     return model

@@ -21,7 +21,7 @@ from hvdtrain.faults import preemption, watchdog
 from hvdtrain.parallel import collectives, sharding
 from hvdtrain.parallel.data import optimizer as optimizer_lib
 from hvdtrain.parallel.data import statistics
-from hvdtrain.run import compiled_model, fit
+from hvdtrain.run import compiled_model, executions, fit, learning_rate
 from hvdtrain.state import checkpoint, elastic, export, run_lock, training_state, whole_state
 from hvdtrain.state.model_dir import DEFAULT_PARENT, check_usable
 from hvdtrain.state.training_state import Position
@@ -121,6 +121,7 @@ def _train(config, recipe, model_dir):
     keras.utils.set_random_seed(config.seed)
     watchdog.progress("building the model")
     model = compiled_model.build(recipe, config)
+    learning_rate.set_up(model.optimizer, config)
 
     if elastic.launched():
         if (sharding.has_shards(model) or layout.tensor_size() > 1
@@ -136,6 +137,7 @@ def _train(config, recipe, model_dir):
         if preemption.handling():
             vote = callbacks.StopVote()
             optimizer_lib.add_step_exchange(model.optimizer, vote.exchange)
+            vote.outcome = executions.of(model).carry("hvdtrain.stop_vote", vote.agreed.value)
         result = _train_from(None, model, recipe, config, model_dir, vote)
     # The weights' moving average (--ema_momentum) becomes the model: what
     # was validated is what is exported (Keras's fit does this at its end;
@@ -197,15 +199,10 @@ def _train_from(state, model, recipe, config, model_dir, vote=None):
     watchdog.progress("finding where to start")
     start = _starting_point(state, model, config, checkpoints, steps)
     epoch, step = start.epoch, start.step
-    learning_rate = config.learning_rate * replicas
-    if start.workers not in (None, replicas) and epoch + step / steps >= config.warmup_epochs:
-        # Past warm-up the rate stands where the schedule left it, scaled for
-        # the replicas then: rescale it for the replicas there are now.
-        model.optimizer.learning_rate = (float(model.optimizer.learning_rate)
-                                         * replicas / start.workers)
+    learning_rate.stand_at(model.optimizer, config, epoch * steps + step, steps, replicas)
     _check_watched_metric(config, validation_data)
     _check_step_windows(config, steps, epoch * steps + step)
-    started = _callbacks(state, vote, config, model_dir, learning_rate, steps,
+    started = _callbacks(state, vote, config, model_dir, steps,
                          validation_data.steps if validation_data else None,
                          start=(epoch, step), resumed=config.resume or restarted,
                          kept_states=start.kept_states)
@@ -325,8 +322,8 @@ class _StartCallbacks(typing.NamedTuple):
     saver: callbacks.PeriodicCheckpoint | None
 
 
-def _callbacks(state, vote, config, model_dir, learning_rate, steps, validation_steps, start,
-               resumed, kept_states=None):
+def _callbacks(state, vote, config, model_dir, steps, validation_steps, start, resumed,
+               kept_states=None):
     """The callbacks of one start from `start` (epoch, step), in the order
     they must run, with its throughput meter and checkpoint saver;
     `kept_states`: the states of those that keep one (callbacks.KeptState),
@@ -344,17 +341,11 @@ def _callbacks(state, vote, config, model_dir, learning_rate, steps, validation_
             chosen.append(callbacks.AverageWeightsForEvaluation())
     if config.nan_policy == "fail":
         chosen.append(callbacks.FailOnNonFiniteLoss())
-    if config.warmup_epochs:
-        chosen.append(callbacks.LearningRateWarmup(learning_rate, config.warmup_epochs,
-                                                   steps_per_epoch=steps))
+    chosen.append(callbacks.LearningRateLog())
     if config.lr_schedule == schedules.PLATEAU:
         chosen.append(callbacks.PlateauLearningRate(
-            config.best_metric, learning_rate, config.plateau_factor, config.plateau_patience,
-            config.warmup_epochs, steps, state=kept_states.get(
-                callbacks.PlateauLearningRate.state_key)))
-    elif config.lr_schedule != "constant":
-        chosen.append(callbacks.decay_after_warmup(
-            config.lr_schedule, learning_rate, config.epochs, config.warmup_epochs, steps))
+            config.best_metric, config.plateau_factor, config.plateau_patience,
+            config.warmup_epochs, state=kept_states.get(callbacks.PlateauLearningRate.state_key)))
     if config.early_stopping_patience:
         chosen.append(callbacks.EarlyStopping(
             config.best_metric, config.early_stopping_patience,

@@ -1,9 +1,9 @@
 """bench/allreduce_bandwidth.py, np1_overhead.py, weak_scaling.py,
-startup.py, preemption.py, step_options.py, sharded_embeddings.py and
-tensor_parallel.py at tiny sizes: each runs and writes the JSON its report
-is made from, with positive times and its ratios computed. Their numbers
-mean nothing at these sizes, so the eight run at once (the first test
-waits); the memory and bytes sharded_embeddings.py and tensor_parallel.py
+startup.py, preemption.py, step_options.py, steps_per_execution.py,
+sharded_embeddings.py and tensor_parallel.py at tiny sizes: each runs and
+writes the JSON its report is made from, with positive times and its
+ratios computed. Their numbers mean nothing at these sizes, so the nine run
+at once (the first test waits); the memory and bytes sharded_embeddings.py and tensor_parallel.py
 count do not depend on speed, and are checked.
 Own launches: each benchmark starts the jobs it measures itself."""
 
@@ -27,6 +27,8 @@ FLAGS = {
     "preemption": ["--rounds=1", "--epochs=2", "--stops=SIGTERM:1"],
     "step_options": ["--epochs=3", "--steps=12", "--batch_size=4", "--image_size=8",
                      "--warmup_steps=2", "--window_steps=3"],
+    "steps_per_execution": ["--epochs=3", "--steps=10", "--k=4", "--width=8",
+                            "--warmup_steps=2", "--window_steps=2"],
     "sharded_embeddings": ["--rows_log2=10,12", "--epochs=3", "--steps=4", "--batch_size=8",
                            "--width=4", "--warmup_steps=1", "--window_steps=1"],
     "tensor_parallel": ["--d_model=16", "--layers=3", "--heads=2", "--mlp_dim=32",
@@ -81,7 +83,8 @@ def test_np1_overhead(outputs):
     assert hvdtrain > 0 and keras > 0
     assert results["ratio"] == pytest.approx(hvdtrain / keras)
     hooks = results["hook_us_per_step"]
-    assert {"Throughput", "LearningRateWarmup", "EpochTensorBoard"} <= set(hooks)
+    assert {"Throughput", "PreemptionStop", "EpochTensorBoard"} <= set(hooks)
+    assert "LearningRateWarmup" not in set(results["hvdtrain_callbacks"])   # set in the step
     assert all(us > 0 for us in hooks.values())
 
 
@@ -160,6 +163,15 @@ def test_step_options(outputs):
             assert r["ratios"][name] == pytest.approx(ratios)
             assert r["ratio"][name] == pytest.approx(statistics.median(ratios))
         assert r["noise"] == [pytest.approx(first[1] / first[0])] * 2
+
+
+def test_steps_per_execution(outputs):
+    results = load(outputs["steps_per_execution"])
+    assert results["workers"] == 2 and results["k"] == 4
+    one, several = results["rates"]["k1"], results["rates"]["k4"]
+    assert len(one) == len(several) == 2 and all(rate > 0 for rate in one + several)
+    assert results["ratio"]["k4"] == pytest.approx(
+        statistics.median(a / b for a, b in zip(several, one)))
 
 
 def test_sharded_embeddings(outputs):

@@ -162,7 +162,9 @@ GPT = ["--recipe=gpt", "--intra_op_threads=1", "--deterministic", "--warmup_epoc
        "--option=train_sequences=256", "--option=validation_sequences=64",
        "--option=sequence_length=16", "--option=d_model=32", "--option=mlp_dim=64",
        "--batch_size=16"]
-PIPELINED = ["--pipeline_parallel=2", "--microbatches=4"]
+# Three steps per call of the train function: the stages' passes in one
+# compiled loop train what one process trains a step at a time.
+PIPELINED = ["--pipeline_parallel=2", "--microbatches=4", "--steps_per_execution=3"]
 
 
 def train(capfd, model_dir, *args):
@@ -232,7 +234,7 @@ def test_the_recipe_pipelined_trains_as_one_process_and_resumes_exactly_when_pre
     config = recipe.make_config("gpt", options=options, model_dir=str(preempted), epochs=2,
                                 intra_op_threads=1, deterministic=True, warmup_epochs=0,
                                 lr_schedule="constant", batch_size=16, pipeline_parallel=2,
-                                microbatches=4)
+                                microbatches=4, steps_per_execution=3)
     where = stopped_in_the_second_epoch(config)
     assert where[0] == where[1], where
     train(capfd, preempted, *PIPELINED, "--epochs=2", "--resume")

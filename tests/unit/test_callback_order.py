@@ -26,17 +26,17 @@ def _every_callback(tmp_path, lr_schedule):
                          early_stopping_patience=2)
     # Both an elastic state and a stop vote: no run has both, but each has its place.
     elastic_state = types.SimpleNamespace(position=None)
-    return trainer._callbacks(elastic_state, callbacks.StopVote(), config, tmp_path, 0.1,
-                              steps=10, validation_steps=2, start=(0, 0), resumed=False).ordered
+    return trainer._callbacks(elastic_state, callbacks.StopVote(), config, tmp_path, steps=10,
+                              validation_steps=2, start=(0, 0), resumed=False).ordered
 
 
-@pytest.mark.parametrize("lr_schedule, instead", [("cosine", callbacks.PlateauLearningRate),
-                                                  ("plateau", callbacks.ScheduledLearningRate)])
+@pytest.mark.parametrize("lr_schedule, left_out", [("cosine", [callbacks.PlateauLearningRate]),
+                                                   ("plateau", [])])
 def test_a_run_with_everything_on_has_every_callback_in_the_stated_order(tmp_path, lr_schedule,
-                                                                         instead):
-    # The schedules after warm-up exclude one another.
+                                                                         left_out):
+    # The train step sets the rate; a plateau's decisions are a callback's.
     assert [type(c) for c in _every_callback(tmp_path, lr_schedule)] == [
-        c for c in ORDER if c is not instead]
+        c for c in ORDER if c not in left_out]
 
 
 def test_the_order_keeps_each_callback_where_its_reason_puts_it():
@@ -53,7 +53,8 @@ def test_the_order_keeps_each_callback_where_its_reason_puts_it():
     for decision in (callbacks.EarlyStopping, callbacks.PlateauLearningRate):
         assert before(decision, callbacks.PeriodicCheckpoint)
         assert before(decision, callbacks.TrackPosition)
-    assert before(callbacks.LearningRateWarmup, callbacks.ScheduledLearningRate)
+    for reader in (callbacks.RunLog, callbacks.EpochTensorBoard):
+        assert before(callbacks.LearningRateLog, reader)
     assert before(callbacks.PeriodicCheckpoint, callbacks.CommitState)
     # A stop at an epoch's end comes after that epoch's checkpoint and records.
     for first in (callbacks.PeriodicCheckpoint, callbacks.RunLog, callbacks.EpochTensorBoard):
@@ -77,7 +78,7 @@ def test_the_global_step_counts_whole_epochs_also_in_a_continued_one():
     model.compile("sgd", "mse")
     x = np.ones((12, 1), "float32")
     model.fit(x, x, batch_size=4, epochs=2, verbose=0,
-              callbacks=[fit.ContinuedEpoch(Steps(), 7)])
+              callbacks=[fit.EpochSteps(Steps(), 7)])
     assert seen == [8, 9, 10, 18, 19, 20]
 
 

@@ -1,14 +1,19 @@
 """Learning-rate callbacks and metric averaging in one process (size 1), by
-Horovod's names (hvdtrain.keras.callbacks over hvdtrain.callbacks)."""
+Horovod's names (hvdtrain.keras.callbacks over hvdtrain.callbacks), and the
+momentum correction of both ways to set the rate: those callbacks between
+steps, hvdtrain train's inside the step."""
 
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import hvdtrain
 import momentum_reference
-from hvdtrain.keras import callbacks
 from hvdtrain.errors import UsageError
+from hvdtrain.keras import callbacks
+from hvdtrain.parallel.data import optimizer as optimizer_lib
+from hvdtrain.parallel.data.step_rate import StepRate
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -62,22 +67,6 @@ def test_warmup_at_one_worker_keeps_the_rate():
     assert seen == pytest.approx([0.3] * 8)
 
 
-def test_step_decay_after_warmup_divides_by_ten_at_half_and_three_quarters():
-    seen, history = _fit_recording_lr(hvdtrain.callbacks.decay_after_warmup(
-        "step", 1.0, epochs=4, warmup_epochs=1, steps_per_epoch=4), epochs=4)
-    # Epoch 0 is warm-up's (left at the optimizer's 0.1); then 1, x0.1 at epoch 2, x0.01 at 3.
-    assert seen == pytest.approx([0.1] * 4 + [1.0] * 4 + [0.1] * 4 + [0.01] * 4)
-    assert history["learning_rate"] == pytest.approx([0.1, 1.0, 0.1, 0.01])
-
-
-def test_cosine_decay_after_a_fractional_warmup_reaches_zero_at_the_end():
-    seen, _ = _fit_recording_lr(hvdtrain.callbacks.decay_after_warmup(
-        "cosine", 1.0, epochs=3, warmup_epochs=0.5, steps_per_epoch=4), epochs=3)
-    expected = [0.5 * (1 + np.cos(np.pi * (1 + i / 4 - 0.5) / 2.5)) for i in range(8)]
-    assert seen == pytest.approx([0.1] * 4 + expected, abs=1e-6)
-    assert seen[-1] < 0.03 and all(a > b for a, b in zip(seen[4:], seen[5:]))
-
-
 def test_metric_average_at_one_worker_keeps_the_values():
     logs = {"loss": 0.5, "accuracy": 0.75, "note": "text"}
     callbacks.MetricAverageCallback().on_epoch_end(0, logs)
@@ -102,14 +91,26 @@ def _schedule(momentum_correction=True):
         LR, lambda epoch: 1 + epoch, staircase=False, momentum_correction=momentum_correction)
 
 
-def _fit(optimizer, callback, passes=1):
+def _fit(optimizer, setter, passes=1, momentum_correction=True):
+    """Trains with the rate LR x (1 + the fractional epoch), set between
+    steps by Horovod's callback (`setter` "callback") or in the train step
+    (hvdtrain train's way, "step")."""
     x, y = _problem()
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
     initial = [np.asarray(w, np.float64) for w in model.get_weights()]
+    fit_callbacks = []
+    if setter == "callback":
+        fit_callbacks.append(_schedule(momentum_correction))
+    else:
+        if not optimizer_lib.is_distributed(optimizer):
+            optimizer = hvdtrain.DistributedOptimizer(optimizer)
+        steps = STEPS * passes
+        optimizer_lib.set_step_rate(optimizer, StepRate(
+            lambda batch: LR * (1 + tf.cast(batch, tf.float64) / steps), momentum_correction))
     model.compile(optimizer=optimizer, loss="mse")
     model.fit(x, y, batch_size=BATCH // passes, epochs=EPOCHS, shuffle=False, verbose=0,
-              callbacks=[callback])
+              callbacks=fit_callbacks)
     return initial, model.get_weights()
 
 
@@ -125,10 +126,14 @@ def _assert_weights(actual, expected):
         np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-6)
 
 
+# Horovod's callback and hvdtrain train's rate set in the step correct alike.
+by_either = pytest.mark.parametrize("setter", ["callback", "step"])
+
+
+@by_either
 @pytest.mark.parametrize("nesterov", [False, True])
-def test_momentum_correction_matches_sgd_with_corrected_momentum(nesterov):
-    initial, weights = _fit(keras.optimizers.SGD(LR, momentum=0.9, nesterov=nesterov),
-                            _schedule())
+def test_momentum_correction_matches_sgd_with_corrected_momentum(setter, nesterov):
+    initial, weights = _fit(keras.optimizers.SGD(LR, momentum=0.9, nesterov=nesterov), setter)
     rule = "nesterov" if nesterov else "sgd"
     _assert_weights(weights, _reference(initial, rule))
     # The correction matters at this tolerance.
@@ -136,34 +141,39 @@ def test_momentum_correction_matches_sgd_with_corrected_momentum(nesterov):
                            rtol=1e-4, atol=1e-5)
 
 
-def test_momentum_correction_can_be_turned_off():
-    initial, weights = _fit(keras.optimizers.SGD(LR, momentum=0.9), _schedule(False))
+@by_either
+def test_momentum_correction_can_be_turned_off(setter):
+    initial, weights = _fit(keras.optimizers.SGD(LR, momentum=0.9), setter,
+                            momentum_correction=False)
     _assert_weights(weights, _reference(initial, corrected=False))
 
 
-def test_momentum_correction_of_rmsprop():
-    initial, weights = _fit(keras.optimizers.RMSprop(LR, momentum=0.9), _schedule())
+@by_either
+def test_momentum_correction_of_rmsprop(setter):
+    initial, weights = _fit(keras.optimizers.RMSprop(LR, momentum=0.9), setter)
     _assert_weights(weights, _reference(initial, "rmsprop"))
 
 
+@by_either
 @pytest.mark.parametrize("wrap", ["distributed", "loss_scale", "distributed_loss_scale"])
-def test_momentum_correction_through_wrappers(wrap):
+def test_momentum_correction_through_wrappers(setter, wrap):
     optimizer = keras.optimizers.SGD(LR, momentum=0.9)
     if "loss_scale" in wrap:
         optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
     if "distributed" in wrap:
         optimizer = hvdtrain.DistributedOptimizer(optimizer)
-    initial, weights = _fit(optimizer, _schedule())
+    initial, weights = _fit(optimizer, setter)
     _assert_weights(weights, _reference(initial))
 
 
-def test_momentum_correction_with_accumulated_gradients_uses_the_applying_batch():
+@by_either
+def test_momentum_correction_with_accumulated_gradients_uses_the_applying_batch(setter):
     # Two half batches per update; as in Horovod, the momentum of an update is
     # scaled by the ratio of its last batch's rate to the batch before's.
     optimizer = hvdtrain.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=0.9),
                                               backward_passes_per_step=2,
                                               average_aggregated_gradients=True)
-    initial, weights = _fit(optimizer, _schedule(), passes=2)
+    initial, weights = _fit(optimizer, setter, passes=2)
     x, y = _problem()
     batches = [(x[i:i + BATCH], y[i:i + BATCH]) for i in range(0, len(x), BATCH)] * EPOCHS
     batch_lrs = [LR * (1 + e + k / (2 * STEPS)) for e in range(EPOCHS) for k in range(2 * STEPS)]
@@ -176,9 +186,10 @@ def test_momentum_correction_with_accumulated_gradients_uses_the_applying_batch(
     lambda: keras.optimizers.SGD(LR),
     lambda: keras.optimizers.Adam(LR),
 ], ids=["sgd_without_momentum", "adam"])
-def test_momentum_correction_leaves_other_optimizers_alone(optimizer):
-    _, corrected = _fit(optimizer(), _schedule())
-    _, uncorrected = _fit(optimizer(), _schedule(False))
+@by_either
+def test_momentum_correction_leaves_other_optimizers_alone(setter, optimizer):
+    _, corrected = _fit(optimizer(), setter)
+    _, uncorrected = _fit(optimizer(), setter, momentum_correction=False)
     for a, b in zip(corrected, uncorrected):
         np.testing.assert_array_equal(a, b)
 

@@ -154,7 +154,7 @@ def test_continued_epoch_shows_callbacks_the_whole_epoch():
     model.compile("sgd", "mse")
     x = np.ones((12, 1), "float32")
     model.fit(x, x, batch_size=4, epochs=3, initial_epoch=2, verbose=0,
-              callbacks=[fit.ContinuedEpoch(Recorder(), 7)])
+              callbacks=[fit.EpochSteps(Recorder(), 7)])
     assert seen == [("epoch", 2, 10), ("batch", 7), ("batch", 8), ("batch", 9)]
 
 

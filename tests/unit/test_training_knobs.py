@@ -13,10 +13,13 @@ import pytest
 import tensorflow as tf
 
 import hvdtrain
-from hvdtrain import callbacks
+from hvdtrain import callbacks, schedules
 from hvdtrain.data import from_arrays
 from hvdtrain.errors import UsageError
+from hvdtrain.parallel.data import optimizer as optimizer_lib
+from hvdtrain.parallel.data.step_rate import StepRate
 from hvdtrain.run import fit
+from hvdtrain.run.learning_rate import TrainingRate
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 
@@ -134,22 +137,34 @@ def test_early_stopping_counts_across_fits_and_its_state_restores_the_count():
     assert _fit_watching(resumed, values, fits=((3, None),))[0] == [4]
 
 
+def _model_with_a_plateau(values, batch=0, metrics=()):
+    """A model whose train step sets a rate of 0.4 (one batch an epoch, one
+    epoch of warm-up) lowered by a plateau, from the run's batch `batch`."""
+    optimizer = hvdtrain.DistributedOptimizer(keras.optimizers.SGD(0.01))
+    rate = TrainingRate(0.4, len(values), 1, schedules.PLATEAU)
+    rate.start(steps_per_epoch=1, replicas=1)
+    optimizer_lib.set_step_rate(optimizer, StepRate(rate))
+    optimizer_lib.step_rate(optimizer).stand_at(batch)
+    return _model(optimizer, metrics)
+
+
 def test_the_plateau_lowers_the_rate_after_warmup_and_keeps_its_count():
     values = [9.0, 1.0, 1.0, 1.0, 0.5, 0.5, 0.5]
-    plateau = callbacks.PlateauLearningRate("watched", initial_lr=0.4, factor=0.5, patience=2,
-                                            warmup_epochs=1, steps_per_epoch=1, mode="min")
-    _, rates = _fit_watching(plateau, values, fits=((0, None),))
-    # Epoch 1 is warm-up (the optimizer's 0.01; its 9.0 not counted); best
-    # 1.0 in epoch 2, lowered after epoch 4, best 0.5 in epoch 5, lowered
-    # after epoch 7.
-    assert rates == pytest.approx([0.01, 0.4, 0.4, 0.4, 0.2, 0.2, 0.2])
+    plateau = callbacks.PlateauLearningRate("watched", factor=0.5, patience=2, warmup_epochs=1,
+                                            mode="min")
+    _, rates = _fit_watching(plateau, values, fits=((0, None),),
+                             model=_model_with_a_plateau(values))
+    # Epoch 1 is warm-up (its 9.0 not counted); best 1.0 in epoch 2, lowered
+    # after epoch 4, best 0.5 in epoch 5, lowered after epoch 7.
+    assert rates == pytest.approx([0.4, 0.4, 0.4, 0.4, 0.2, 0.2, 0.2])
     assert plateau.get_state() == {"lowerings": 2, "wait": 0, "best": 0.5,
                                    "cooldown_counter": 0}
     # Resumed after epoch 6 with that epoch's state: lowered once, waiting one.
     resumed = callbacks.PlateauLearningRate(
-        "watched", 0.4, 0.5, 2, 1, 1, mode="min", state={"lowerings": 1, "wait": 1, "best": 0.5,
-                                                          "cooldown_counter": 0})
-    _, rates = _fit_watching(resumed, values, fits=((6, None),))
+        "watched", 0.5, 2, 1, mode="min", state={"lowerings": 1, "wait": 1, "best": 0.5,
+                                                 "cooldown_counter": 0})
+    _, rates = _fit_watching(resumed, values, fits=((6, None),),
+                             model=_model_with_a_plateau(values, batch=6))
     assert rates == pytest.approx([0.2]) and resumed.get_state()["lowerings"] == 2
 
 
@@ -231,11 +246,19 @@ def test_a_window_of_steps_past_the_runs_end_is_refused():
 
 @pytest.mark.parametrize("make", [
     lambda: callbacks.EarlyStopping("val_acc", patience=2),
-    lambda: callbacks.PlateauLearningRate("val_acc", 0.1, 0.5, 2, 0, 1)])
+    lambda: callbacks.PlateauLearningRate("val_acc", 0.5, 2, 0)])
 def test_a_watched_metric_the_run_does_not_have_stops_it_naming_those_it_has(make):
-    model = _model(keras.optimizers.SGD(0.01), metrics=["mae"])
+    model = _model_with_a_plateau([0.0] * 2, metrics=["mae"])
     x, y = _data(8)
     with pytest.raises(UsageError, match="--best_metric=val_acc is not a metric of this run; it "
                                          "has loss, mae, val_loss, val_mae"):
         model.fit(x, y, batch_size=8, epochs=2, verbose=0, validation_data=(x, y),
                   callbacks=[make()])
+
+
+def test_the_plateau_needs_the_rate_set_in_the_step():
+    model = _model(keras.optimizers.SGD(0.01))
+    x, y = _data(8)
+    with pytest.raises(UsageError, match="use keras.callbacks.ReduceLROnPlateau"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[
+            callbacks.PlateauLearningRate("loss", factor=0.5, patience=2, warmup_epochs=0)])

@@ -52,7 +52,8 @@ from hvdtrain.parallel.embedding import sparse_updates
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "accumulated_only",
            "add_step_exchange", "check_loss_scale_order", "compile_updates", "configure",
-           "is_distributed", "make_distributed", "rank_local_variables"]
+           "is_distributed", "make_distributed", "rank_local_variables", "set_step_rate",
+           "step_rate"]
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # noqa: N802
@@ -278,6 +279,18 @@ def add_step_exchange(optimizer, exchange):
     optimizer._hvd_exchanges = (*optimizer._hvd_exchanges, exchange)
 
 
+def set_step_rate(optimizer, rate):
+    """Has a distributed optimizer set its learning rate at each batch, in
+    the train step, from `rate` (a `hvdtrain.parallel.data.step_rate.StepRate`).
+    Set it before the first step: the train step calls it when traced."""
+    optimizer._hvd_step_rate = rate
+
+
+def step_rate(optimizer):
+    """The StepRate `set_step_rate` gave `optimizer`, or None."""
+    return getattr(optimizer, "_hvd_step_rate", None)
+
+
 def compile_updates(optimizer):
     """Compiles a distributed optimizer's update with XLA, after the
     gradients' reduction (hvdtrain.run.xla); other optimizers are left as they
@@ -307,6 +320,8 @@ class _DistributedMixin:
     _hvd_local = LocalVariables()
     _hvd_exchanges = ()
     _hvd_xla_updates = False
+    _hvd_step_rate = None
+    _hvd_momentum_ratio = None   # of the batch being traced, with a step rate
 
     def register_local_var(self, var):
         """Keeps `var`'s gradient on each rank (Horovod's per-rank variables).
@@ -356,6 +371,9 @@ class _DistributedMixin:
         variables = list(trainable_variables if trainable_variables is not None
                          else self._trainable_variables)
         grads = list(grads)
+        if self._hvd_step_rate is not None:
+            # Every batch, also one that only accumulates: the rate is the batch's.
+            self._hvd_momentum_ratio = self._hvd_step_rate.set(self)
         if any(sharding.is_rows_sharded(v) for v in variables):
             return self._apply_with_shards(grads, variables)
         if self._hvd_passes == 1:
@@ -387,12 +405,18 @@ class _DistributedMixin:
     def _update(self, grads, trainable_variables):
         """The optimizer's own update with reduced `grads`; compiled with XLA
         when asked (compile_updates) and every gradient has a static shape."""
-        update = super().apply
-        if not (self._hvd_xla_updates and all(g is None or isinstance(g, tf.Tensor)
-                                              for g in grads)):
-            return update(grads, trainable_variables)
-        return tf.function(lambda grads: update(grads, trainable_variables),
-                           jit_compile=True)(grads)
+        apply = super().apply
+
+        def update():
+            if self._hvd_xla_updates and all(g is None or isinstance(g, tf.Tensor)
+                                             for g in grads):
+                return tf.function(lambda grads: apply(grads, trainable_variables),
+                                   jit_compile=True)(grads)
+            return apply(grads, trainable_variables)
+
+        if self._hvd_step_rate is None:
+            return update()
+        return self._hvd_step_rate.corrected(self, self._hvd_momentum_ratio, update)
 
     def _exchange_with_the_gradients(self):
         for exchange in self._hvd_exchanges:
