@@ -106,3 +106,22 @@ def test_the_throughput_meter_counts_every_step_of_a_call():
 def test_a_nan_in_a_call_names_its_steps():
     with pytest.raises(TrainingError, match=r"the loss is nan at epoch 1, steps 5-8 on rank 0"):
         _train(_model(4), _data(poisoned=True), [callbacks.FailOnNonFiniteLoss()], step=4)
+
+
+def test_elastic_commits_count_steps_and_fall_at_a_calls_end():
+    class State:
+        position = None
+
+        def __init__(self):
+            self.committed = []
+
+        def commit(self):
+            self.committed.append((self.position.epoch, self.position.step))
+
+    state = State()
+    _train(_model(4), _data(), [callbacks.TrackPosition(state, BATCH),
+                                callbacks.CommitState(state, batches_per_commit=6)])
+    # Calls end at global steps 4 8 10 | 14 18 20 | 24 28 30: every 6 steps
+    # counted across epochs, at the call that reaches them (8, 14, 20: an
+    # epoch's end, which commits anyway; 28), and at each epoch's end.
+    assert state.committed == [(0, 8), (1, 0), (1, 4), (2, 0), (2, 8), (3, 0)]
