@@ -80,8 +80,7 @@ def work(scratch):
 
     import hvdtrain
     from hvdtrain import callbacks as hvdtrain_callbacks, recipe as recipe_lib
-    from hvdtrain.parallel.data import optimizer
-    from hvdtrain.run import compiled_model, executions, learning_rate, trainer
+    from hvdtrain.run import compiled_model, learning_rate, trainer
 
     hvdtrain.init(intra_op_threads=FLAGS.intra_op_threads)
     recipe = recipe_lib.get(RECIPE)
@@ -98,9 +97,7 @@ def work(scratch):
     hvd_model = compiled_model.compile_model(model(), recipe, config)
     learning_rate.set_up(hvd_model.optimizer, config)
     # With its stop vote in the step, as a run that stops cleanly on a signal.
-    vote = hvdtrain_callbacks.StopVote()
-    optimizer.add_step_exchange(hvd_model.optimizer, vote.exchange)
-    vote.outcome = executions.of(hvd_model).carry("hvdtrain.stop_vote", vote.agreed.value)
+    vote = trainer.stop_vote(hvd_model)
     splits = recipe.load_data(config)
     learning_rate.stand_at(hvd_model.optimizer, config, 0, splits.train.steps, replicas=1)
     started = trainer._callbacks(

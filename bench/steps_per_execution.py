@@ -64,9 +64,8 @@ def work(scratch):
 
     import hvdtrain
     from hvdtrain import callbacks, data
-    from hvdtrain.parallel.data import optimizer as optimizer_lib
     from hvdtrain.recipe import make_config
-    from hvdtrain.run import executions, fit, learning_rate
+    from hvdtrain.run import executions, fit, learning_rate, trainer
 
     hvdtrain.init(intra_op_threads=1)
     batches = data.synthetic((FLAGS.width,), 10, FLAGS.batch_size, FLAGS.steps,
@@ -85,11 +84,8 @@ def work(scratch):
         learning_rate.stand_at(optimizer, config, 0, FLAGS.steps, hvdtrain.size())
         net.compile(optimizer=optimizer, jit_compile=False,
                     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-        calls = executions.Executions(net, steps_per_execution)
-        vote = callbacks.StopVote()
-        optimizer_lib.add_step_exchange(optimizer, vote.exchange)
-        vote.outcome = calls.carry("hvdtrain.stop_vote", vote.agreed.value)
-        return net, vote
+        executions.Executions(net, steps_per_execution)
+        return net, trainer.stop_vote(net)
 
     class Voting(keras.callbacks.Callback):
         """The stop vote's read after each call, as PreemptionStop's."""

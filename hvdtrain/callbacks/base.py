@@ -5,7 +5,8 @@ import keras
 
 from hvdtrain.errors import UsageError
 
-__all__ = ["KeptState", "TrainingCallback", "kept_states", "monitor_mode", "watched_value"]
+__all__ = ["CallSteps", "KeptState", "TrainingCallback", "kept_states", "monitor_mode",
+           "watched_value"]
 
 
 class TrainingCallback(keras.callbacks.Callback):
@@ -28,6 +29,23 @@ class TrainingCallback(keras.callbacks.Callback):
     def global_step(self, batch):
         """Training steps done once `batch` (0-based, of the current epoch) ends."""
         return self.epoch * self.params["steps"] + batch + 1
+
+
+class CallSteps:
+    """For a callback that counts steps: a batch's hooks bracket one call of
+    the train function, which runs several steps with steps_per_execution
+    (hvdtrain.run.executions), `batch` being the call's first step at its
+    begin and its last at its end. Put it before the callback's base class;
+    a subclass that defines `on_train_batch_begin` calls this one's."""
+
+    call_first = 0   # the first step of the call under way
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.call_first = batch
+
+    def call_steps(self, batch):
+        """The steps of the call that ended at step `batch`."""
+        return batch - self.call_first + 1
 
 
 class KeptState:

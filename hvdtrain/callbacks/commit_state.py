@@ -2,10 +2,12 @@
 
 import keras
 
+from hvdtrain.callbacks.base import CallSteps
+
 __all__ = ["CommitState"]
 
 
-class CommitState(keras.callbacks.Callback):
+class CommitState(CallSteps, keras.callbacks.Callback):
     """Commits `state` (an hvdtrain.elastic.KerasState) every
     `batches_per_commit` batches and at the end of each epoch. Put it after
     the callbacks that update the state's position, so that it commits the
@@ -28,17 +30,13 @@ class CommitState(keras.callbacks.Callback):
         self.state = state
         self.batches_per_commit = batches_per_commit
         self.batches_remaining = batches_per_commit
-        self._first = 0   # of the steps the train function runs in one call
 
     def on_train_begin(self, logs=None):
         # Counted from each (re)start, so every worker commits at the same batches.
         self.batches_remaining = self.batches_per_commit
 
-    def on_train_batch_begin(self, batch, logs=None):
-        self._first = batch
-
     def on_train_batch_end(self, batch, logs=None):
-        self.batches_remaining -= batch - self._first + 1
+        self.batches_remaining -= self.call_steps(batch)
         if self.batches_remaining <= 0:
             self.batches_remaining = self.batches_per_commit
             steps = self.params.get("steps")

@@ -8,7 +8,7 @@ import keras
 from absl import logging
 
 from hvdtrain import layout, runtime
-from hvdtrain.callbacks.base import TrainingCallback, kept_states, monitor_mode
+from hvdtrain.callbacks.base import CallSteps, TrainingCallback, kept_states, monitor_mode
 from hvdtrain.errors import TrainingError
 from hvdtrain.parallel.data import optimizer as optimizer_lib
 from hvdtrain.parallel.data.statistics import average_statistics
@@ -18,7 +18,7 @@ from hvdtrain.state.training_state import Position, training_variables
 __all__ = ["PeriodicCheckpoint"]
 
 
-class PeriodicCheckpoint(TrainingCallback):
+class PeriodicCheckpoint(CallSteps, TrainingCallback):
     """Saves a checkpoint every `every_epochs` epochs (and after the last,
     also when early stopping ends the run), and every `every_steps` training
     steps. Give it to every rank: gradients being accumulated are rank-local
@@ -59,10 +59,6 @@ class PeriodicCheckpoint(TrainingCallback):
         self.kept = kept
         self.seconds = []   # each save's duration, on rank 0
         self.last_written = None   # (epoch, step) of this run's newest save
-        self._first = 0   # of the steps the train function runs in one call
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self._first = batch
 
     def on_train_batch_end(self, batch, logs=None):
         # With several steps per call: at the first call's end at or after
@@ -70,7 +66,7 @@ class PeriodicCheckpoint(TrainingCallback):
         step = batch + 1
         if (self.every_steps and step < self.params["steps"]
                 and self.global_step(batch) // self.every_steps
-                > (self.global_step(self._first) - 1) // self.every_steps):
+                > (self.global_step(self.call_first) - 1) // self.every_steps):
             self.save(self.epoch, step)
 
     def on_epoch_end(self, epoch, logs=None):

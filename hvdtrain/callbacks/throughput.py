@@ -4,12 +4,13 @@ import time
 
 import keras
 
+from hvdtrain.callbacks.base import CallSteps
 from hvdtrain.tools import throughput
 
 __all__ = ["Throughput"]
 
 
-class Throughput(keras.callbacks.Callback):
+class Throughput(CallSteps, keras.callbacks.Callback):
     """Times windows of `window_steps` training steps of `batch_size`
     examples per worker after the first `warmup_steps` of each fit. Give it
     to every rank, first among the callbacks. With several steps per call
@@ -48,7 +49,6 @@ class Throughput(keras.callbacks.Callback):
         self._window_start = None
         self._window_steps_done = 0
         self._step_start = None
-        self._first = 0   # of the steps of the call under way
 
     def on_train_begin(self, logs=None):
         self._steps_this_fit = 0
@@ -61,7 +61,7 @@ class Throughput(keras.callbacks.Callback):
         self.epoch_step_seconds = []
 
     def on_train_batch_begin(self, batch, logs=None):
-        self._first = batch
+        super().on_train_batch_begin(batch, logs)
         if self._steps_this_fit < self.warmup_steps:
             return
         self._step_start = time.perf_counter()
@@ -69,7 +69,7 @@ class Throughput(keras.callbacks.Callback):
             self._window_start, self._window_steps_done = self._step_start, 0
 
     def on_train_batch_end(self, batch, logs=None):
-        steps = batch - self._first + 1
+        steps = self.call_steps(batch)
         self._steps_this_fit += steps
         if self._window_start is None:
             return

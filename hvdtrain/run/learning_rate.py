@@ -13,6 +13,7 @@ from hvdtrain.parallel.data.step_rate import StepRate
 
 __all__ = ["TrainingRate", "set_up", "stand_at"]
 
+
 def _where(condition, yes, no):
     return tf.where(condition, tf.convert_to_tensor(yes, tf.float64),
                     tf.convert_to_tensor(no, tf.float64))
@@ -51,11 +52,6 @@ class TrainingRate(keras.optimizers.schedules.LearningRateSchedule):
         self.replicas = tf.Variable(1, dtype=tf.float64, trainable=False)
         self.lowered = tf.Variable(1, dtype=tf.float64, trainable=False)   # by a plateau
 
-    @property
-    def constant(self):
-        """Whether the rate never changes during a start of training."""
-        return not self.warmup_epochs and self.schedule == "constant"
-
     def start(self, steps_per_epoch, replicas):
         self.steps_per_epoch.assign(steps_per_epoch)
         self.replicas.assign(replicas)
@@ -87,10 +83,9 @@ def set_up(optimizer, config):
     """Has `optimizer` (distributed) set `config`'s rate in its train step,
     unless that rate is constant; `stand_at` starts it. Before the first
     step: the step is traced then."""
-    rate = TrainingRate(config.learning_rate, config.epochs, config.warmup_epochs,
-                        config.lr_schedule)
-    if not rate.constant:
-        optimizer_lib.set_step_rate(optimizer, StepRate(rate))
+    if config.warmup_epochs or config.lr_schedule != "constant":
+        optimizer_lib.set_step_rate(optimizer, StepRate(TrainingRate(
+            config.learning_rate, config.epochs, config.warmup_epochs, config.lr_schedule)))
 
 
 def stand_at(optimizer, config, batch, steps_per_epoch, replicas):

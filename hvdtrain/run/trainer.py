@@ -27,7 +27,7 @@ from hvdtrain.state.model_dir import DEFAULT_PARENT, check_usable
 from hvdtrain.state.training_state import Position
 from hvdtrain.tools import flops, throughput
 
-__all__ = ["TrainResult", "train"]
+__all__ = ["TrainResult", "stop_vote", "train"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,11 +133,7 @@ def _train(config, recipe, model_dir):
         state = elastic.KerasState(model, position=None, kept_states={})
         result = elastic.run(_train_from)(state, model, recipe, config, model_dir)
     else:
-        vote = None
-        if preemption.handling():
-            vote = callbacks.StopVote()
-            optimizer_lib.add_step_exchange(model.optimizer, vote.exchange)
-            vote.outcome = executions.of(model).carry("hvdtrain.stop_vote", vote.agreed.value)
+        vote = stop_vote(model) if preemption.handling() else None
         result = _train_from(None, model, recipe, config, model_dir, vote)
     # The weights' moving average (--ema_momentum) becomes the model: what
     # was validated is what is exported (Keras's fit does this at its end;
@@ -152,6 +148,16 @@ def _train(config, recipe, model_dir):
         if runtime.is_main_process():
             export.export(exported, model_dir)
     return result
+
+
+def stop_vote(model):
+    """A `callbacks.StopVote` that `model`'s train step exchanges with its
+    gradients and carries out of each call of its train function
+    (run/executions.py). Before the first step: the step is traced then."""
+    vote = callbacks.StopVote()
+    optimizer_lib.add_step_exchange(model.optimizer, vote.exchange)
+    vote.outcome = executions.of(model).carry("hvdtrain.stop_vote", vote.agreed.value)
+    return vote
 
 
 def _refuse_non_finite(model, model_dir):

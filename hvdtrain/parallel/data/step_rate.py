@@ -24,8 +24,8 @@ class StepRate:
     old rate, for the optimizers Horovod corrects (Keras's SGD and RMSprop
     with momentum, also inside a LossScaleOptimizer).
 
-    Give it with `optimizer.set_step_rate` before the first step: the train
-    step runs it when traced.
+    Give it with `hvdtrain.parallel.data.optimizer.set_step_rate` before the
+    first step: the train step runs it when traced.
 
     Args:
         schedule: A `keras.optimizers.schedules.LearningRateSchedule` (or
