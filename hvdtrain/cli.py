@@ -145,13 +145,13 @@ def _main(argv):
     except Exception as e:
         reason = errors.lost_peer(e)
         if reason is None:
+            _tell_others(f"{type(e).__name__}: {(str(e).strip() or '-').splitlines()[0]}")
             raise
-        # Another rank failed first and said why (or the launcher names it); this one just
-        # stops, after the failing rank has had the time to exit: launchers name the first
-        # process to exit as the job's failure.
-        _fail(f"stopped because another worker failed or stopped responding ({reason}); "
-              "see its error or the launcher's report", status=1,
-              delay=_BYSTANDER_EXIT_DELAY_SECONDS)
+        # Another rank failed first and said why (or the launcher names it); this one
+        # names it and stops, after the failing rank has had the time to exit: launchers
+        # name the first process to exit as the job's failure.
+        _fail(_departures().why_stopped(reason), status=1, delay=_BYSTANDER_EXIT_DELAY_SECONDS,
+              tell_others=False)
 
 
 def _check_config(paths):
@@ -232,6 +232,19 @@ def _train():
             print(f"hvdtrain: model written to {result.model_path} and {result.saved_model}")
 
 
+def _departures():
+    """hvdtrain.faults.departures once a run has started (it loads
+    TensorFlow), else None: before that no other rank waits for this one."""
+    return sys.modules.get("hvdtrain.faults.departures")
+
+
+def _tell_others(message):
+    """The run's other ranks, waiting in a collective, learn that this one
+    fails with `message` (faults/departures.py)."""
+    if _departures() is not None:
+        _departures().fail(message)
+
+
 def _summary(config, result, workers):
     """What was trained, how long, and the last epoch's metrics (validation
     ones where there are)."""
@@ -247,7 +260,9 @@ def _summary(config, result, workers):
             f"{metrics or 'already trained'}")
 
 
-def _fail(message, status=2, delay=0):
+def _fail(message, status=2, delay=0, tell_others=True):
+    if tell_others:
+        _tell_others(message)
     # One write: launchers tag each write, and a separate newline would get a tag of its own.
     sys.stderr.write(f"hvdtrain: error: {message}\n")
     sys.stderr.flush()

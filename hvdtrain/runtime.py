@@ -21,11 +21,13 @@ from absl import logging
 
 from hvdtrain import layout
 from hvdtrain.errors import UsageError
-from hvdtrain.faults import launcher_watch, unread_output, watchdog
+from hvdtrain.faults import departures, launcher_watch, unread_output, watchdog
+from hvdtrain.faults.board import Board, open_for_run
 
 __all__ = ["barrier", "default_intra_op_threads", "device_name", "gpu_index", "init",
-           "is_main_process", "local_rank", "local_size", "main_process_first", "pin_gpu",
-           "precision_warning", "rank", "set_log_verbosity", "size", "stop_watching"]
+           "is_main_process", "leave_together", "local_rank", "local_size",
+           "main_process_first", "pin_gpu", "precision_warning", "rank", "set_log_verbosity",
+           "size", "stop_watching"]
 
 # Horovod's own functions, with Horovod's docstrings: each returns an int
 # and raises ValueError until `init` has run.
@@ -83,7 +85,7 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS",
                               f"{max(1, min(stall_timeout / 4, 60)):.0f}")
     recording = os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC") if timeline else None
-    board = watchdog.Board.from_environment()
+    board = Board.from_environment()
     if stall_timeout:
         # Well after Horovod's stall check (told stall_timeout), where that can act.
         watchdog.start(3 * stall_timeout, board)
@@ -100,8 +102,12 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
     gpu = pin_gpu()
     _set_threads(intra_op_threads or default_intra_op_threads(), inter_op_threads)
     watchdog.progress("setting up")
-    if stall_timeout and hvd.size() > 1 and board is None:
-        watchdog.use_board(watchdog.serve_board())
+    if hvd.size() > 1:
+        board, run = open_for_run(board)
+        watchdog.use_board(board)
+        departures.arrive(board, run)
+    else:
+        departures.arrive(None, None)
     layout.arrange(tensor_parallel, pipeline_parallel)
     unread_output.install()     # a launcher that dies must not take the checkpoint with it
     launcher_watch.start(hvd.rank())
@@ -115,6 +121,12 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
                                     details.get("compute_capability"), details.get("device_name"))
         if warning and is_main_process():
             logging.warning(warning)
+
+
+def leave_together():
+    """Returns once every rank has reached it: the run's last collective
+    (faults/departures.py). Call it on every rank as a run ends well."""
+    departures.leave()
 
 
 def stop_watching():

@@ -47,7 +47,8 @@ def from_tfrecords(pattern, parse, batch_size, *, training, seed=0, deterministi
             batch possibly short.
         seed: The run's seed; each epoch's order derives from (seed, epoch).
         deterministic: Whether tf.data's parallel stages keep their order
-            (reproducible).
+            (reproducible); always, where the ranks of a replica read the
+            same batches (tensor or pipeline parallelism: sharding.in_order).
         cache: Whether to keep this worker's records in memory after the
             first epoch.
 
@@ -59,6 +60,7 @@ def from_tfrecords(pattern, parse, batch_size, *, training, seed=0, deterministi
             through, its first record does not parse, or a training worker
             cannot fill one batch.
     """
+    deterministic = sharding.in_order(deterministic)
     files = sorted(tf.io.gfile.glob(pattern))
     if not files:
         raise UsageError(f"no files match {pattern}; check the path and the pattern")
@@ -144,7 +146,8 @@ def from_image_folder(root, batch_size, *, training, image_size=None, seed=0,
             as they are, and then they must all have one size.
         seed: The run's seed; each epoch's order derives from (seed, epoch).
         deterministic: Whether tf.data's parallel stages keep their order
-            (reproducible).
+            (reproducible); always, where the ranks of a replica read the
+            same batches (tensor or pipeline parallelism: sharding.in_order).
         cache: Whether to keep this worker's decoded images in memory after
             the first epoch.
         preprocess: preprocess(image, label, seed) -> (features, label),
@@ -160,6 +163,7 @@ def from_image_folder(root, batch_size, *, training, image_size=None, seed=0,
             image's, sizes differ without `image_size`, or a training worker
             cannot fill one batch.
     """
+    deterministic = sharding.in_order(deterministic)
     root = pathlib.Path(root)
     classes = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     files = [(str(f), label) for label, name in enumerate(classes)

@@ -23,11 +23,12 @@ import math
 
 import tensorflow as tf
 
+from hvdtrain import layout
 from hvdtrain.errors import UsageError
 from hvdtrain.parallel import collectives
 
-__all__ = ["SHUFFLE_BUFFER", "ShardedDataset", "epoch_seed", "evaluation", "preprocessed",
-           "shuffled_epochs", "training"]
+__all__ = ["SHUFFLE_BUFFER", "ShardedDataset", "epoch_seed", "evaluation", "in_order",
+           "preprocessed", "shuffled_epochs", "training"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +71,16 @@ class ShardedDataset:
 
 
 SHUFFLE_BUFFER = 10_000
+
+
+def in_order(deterministic):
+    """Whether tf.data's parallel stages must keep their order: when asked,
+    and wherever the ranks of a replica read its batches side by side (a
+    pipeline's first stage takes the inputs, its last the targets; tensor-
+    parallel ranks split each example's work): each must read the same
+    examples in the same order, which parallel stages left free to reorder
+    do not give."""
+    return bool(deterministic) or layout.tensor_size() * layout.pipeline_size() > 1
 
 
 def epoch_seed(seed, epoch):

@@ -44,7 +44,8 @@ def from_tfds(name, split, batch_size, *, training, preprocess, data_dir=None, s
         cache: Whether to keep the decoded shard in memory after the first
             epoch (for data that fits); each epoch is then a full shuffle of it.
         deterministic: Whether tf.data's parallel stages keep their order
-            (reproducible).
+            (reproducible); always, where the ranks of a replica read the
+            same batches (tensor or pipeline parallelism: sharding.in_order).
         builder: An existing builder (for datasets built locally, or from
             `prepare`); else by name, already prepared in `data_dir`.
 
@@ -55,6 +56,7 @@ def from_tfds(name, split, batch_size, *, training, preprocess, data_dir=None, s
         UsageError: If the dataset is unknown or not prepared in `data_dir`,
             has no such split, or gives a training worker no full batch.
     """
+    deterministic = sharding.in_order(deterministic)
     builder = builder or _builder(name, data_dir)
     if split not in builder.info.splits:
         raise UsageError(f"TFDS dataset {name} has no split '{split}'; it has "

@@ -10,97 +10,39 @@ the last progress, and whether the rank is blocked inside a collective
 (its main thread's innermost own frame is Horovod's or hvdtrain's
 collectives) or in its own work.
 
-The heartbeats go to a key-value store every rank can reach: horovodrun's
-rendezvous server under Gloo (its address is in the workers' environment),
-else a store rank 0 serves (Horovod's KVStoreServer), its address broadcast
-at init. When a rank has made no progress for `timeout` seconds, it reads
+The heartbeats go to the job's board (faults/board.py), a key-value store
+every rank can reach. When a rank has made no progress for `timeout` seconds, it reads
 every heartbeat, names the rank(s) the others wait for (one that sends no
 heartbeat, else those outside a collective) and exits non-zero; the launcher
 then stops the others.
 """
 
 import contextlib
-import json
 import os
 import socket
 import sys
 import sysconfig
 import threading
 import time
-import urllib.request
 
 import horovod
 import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-__all__ = ["Board", "counted", "paused", "progress", "serve_board", "stall_message", "start",
-           "stop", "use_board"]
+__all__ = ["counted", "paused", "progress", "stall_message", "start", "stop", "use_board"]
 
 _SCOPE = "hvdtrain.heartbeat"
-_REQUEST_SECONDS = 2
 # Frames of these are how a rank runs, not where it is: skipped when looking
 # for the innermost frame that says what the rank waits in.
 _LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (tf, keras))
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _COLLECTIVES = (os.path.dirname(horovod.__file__) + os.sep,
-                os.path.join(os.path.dirname(__file__), "collectives.py"))
+                os.path.join(os.path.dirname(os.path.dirname(__file__)), "parallel",
+                             "collectives.py"))
 
 _watchdog = None
 _delivered = None   # batches the datasets given to fit delivered (a tf.Variable)
-
-
-class Board:
-    """Heartbeats of all ranks in an HTTP key-value store that speaks
-    Horovod's KVStoreHandler protocol (PUT/GET /scope/key)."""
-
-    def __init__(self, host, port, server=None):
-        self.url = f"http://{host}:{port}/{_SCOPE}"
-        self._server = server   # the store this process serves, if it does
-
-    def close(self):
-        """Stops the store this process serves (a process may train again)."""
-        if self._server is not None:
-            self._server.shutdown_server()
-            self._server = None
-
-    @classmethod
-    def from_environment(cls):
-        """horovodrun's Gloo rendezvous store, or None outside Gloo."""
-        host = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
-        port = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
-        return cls(host, port) if host and port else None
-
-    def put(self, rank, beat):
-        request = urllib.request.Request(f"{self.url}/{rank}", data=json.dumps(beat).encode(),
-                                         method="PUT")
-        with contextlib.suppress(OSError):
-            urllib.request.urlopen(request, timeout=_REQUEST_SECONDS).close()
-
-    def read(self, size):
-        """{rank: heartbeat} of the ranks that sent one."""
-        beats = {}
-        for rank in range(size):
-            try:
-                with urllib.request.urlopen(f"{self.url}/{rank}",
-                                            timeout=_REQUEST_SECONDS) as response:
-                    beats[rank] = json.loads(response.read())
-            except (OSError, ValueError):
-                pass
-        return beats
-
-
-def serve_board():
-    """Rank 0's store for launchers without one (MPI); every rank gets its
-    address by broadcast. A collective: call on every rank."""
-    from horovod.runner.http.http_server import KVStoreServer
-
-    address = server = None
-    if hvd.rank() == 0:
-        server = KVStoreServer(verbose=0)
-        address = (socket.gethostname(), server.start_server())
-    host, port = hvd.broadcast_object(address, root_rank=0, name="hvdtrain.watchdog.board")
-    return Board(host, port, server)
 
 
 class Watchdog:
@@ -125,8 +67,6 @@ class Watchdog:
         with self._publishing:
             self._stop.set()
             self._publish(dict(self.heartbeat(), phase="finished", done=True))
-            if self.board is not None:
-                self.board.close()
 
     def progress(self, phase=None):
         self._last = time.monotonic()
@@ -153,7 +93,7 @@ class Watchdog:
     def _publish(self, beat):
         rank, _ = _rank_and_size()
         if self.board is not None and rank is not None:
-            self.board.put(rank, beat)
+            self.board.put(_SCOPE, rank, beat)
 
     def _idle(self):
         return 0.0 if self._paused else time.monotonic() - self._last
@@ -167,7 +107,8 @@ class Watchdog:
                     return
                 self._publish(beat)
             if self._idle() > self.timeout:
-                beats = self.board.read(size) if self.board is not None and size else {}
+                beats = (self.board.read(_SCOPE, range(size)) if self.board is not None and size
+                         else {})
                 if rank is not None:
                     beats[rank] = beat
                 sys.stderr.write(stall_message(beats, size or 1, self.timeout, time.time()) + "\n")

@@ -12,6 +12,7 @@ from hvdtrain.config import CLIPPING, OPTIMIZERS
 from hvdtrain.errors import UsageError
 from hvdtrain.parallel import collectives, pipeline, sharding
 from hvdtrain.parallel.data.compression import Compression
+from hvdtrain.parallel.data.evaluation import EmptyBatchesStep
 from hvdtrain.parallel.data.optimizer import DistributedOptimizer
 from hvdtrain.run import executions, xla
 
@@ -129,6 +130,7 @@ def compile_model(model, recipe, config):
     # XLA cannot hold Horovod's collectives (Keras would pick it on GPUs):
     # --jit_compile compiles the rest of the step.
     model.compile(optimizer=optimizer, loss=recipe.loss, metrics=metrics, jit_compile=False)
+    EmptyBatchesStep.install(model)   # a shard's end, in validation and evaluation
     executions.Executions(model, config.steps_per_execution)
     if config.jit_compile:
         xla.jit_compile(model)

@@ -104,7 +104,9 @@ def evaluate(config, split=VALIDATION, checkpoint_name=None, output=None, given=
     runtime.init(config.intra_op_threads, config.inter_op_threads, process_sets="dynamic",
                  stall_timeout=config.stall_timeout, verbose_all_ranks=config.verbose_all_ranks)
     try:
-        return _evaluate(config, model_dir, split, checkpoint_name, output, given)
+        result = _evaluate(config, model_dir, split, checkpoint_name, output, given)
+        runtime.leave_together()   # see trainer.train
+        return result
     finally:
         runtime.stop_watching()
 

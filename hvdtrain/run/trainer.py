@@ -98,7 +98,11 @@ def train(config):
     if _stops_cleanly(config):
         preemption.install(preemption.parse_signals(config.preemption_signals))
     try:
-        return _train(config, recipe, model_dir)
+        result = _train(config, recipe, model_dir)
+        # No rank leaves while another still needs it in a collective (the
+        # export's gather): its exit would shut Horovod down under them.
+        runtime.leave_together()
+        return result
     except preemption.Preempted:
         # The launcher signals the ranks still exiting once the first has:
         # that must not turn their status into a death by signal.

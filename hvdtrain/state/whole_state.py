@@ -46,7 +46,7 @@ def plain_model(model):
     whole = model.whole
     # The whole model, in host memory: it need not fit one device.
     with tf.device("/CPU:0"):
-        pipeline.on_host(whole.weights)
+        pipeline.on_host(whole.variables)   # seed generators' states too
         return sharding.plain_copy(whole, {path: value for (path, _, _), value
                                            in zip(described, values)})
 

@@ -1,9 +1,6 @@
-"""Which rank the watchdog names, from the ranks' heartbeats; the board
-they are kept on."""
+"""Which rank the watchdog names, from the ranks' heartbeats."""
 
-from horovod.runner.http.http_server import KVStoreServer
-
-from hvdtrain.faults.watchdog import Board, stall_message
+from hvdtrain.faults.watchdog import stall_message
 
 
 def _beat(phase, waiting, batches=None, age=1):
@@ -45,12 +42,3 @@ def test_a_rank_that_finished_is_not_named():
     message = stall_message(beats, 2, 12, 1000)
     assert "rank 0 stopped making progress" in message and "wait" not in message
 
-
-def test_a_board_this_process_serves_is_gone_once_closed():
-    # A process may train again (a notebook, a sweep): each run's store stops with it.
-    server = KVStoreServer(verbose=0)
-    board = Board("localhost", server.start_server(), server)
-    board.put(1, {"phase": "loading data"})
-    assert board.read(2) == {1: {"phase": "loading data"}}
-    board.close()
-    assert board.read(2) == {}

@@ -12,14 +12,43 @@ Keras then computes from them equal a single-process evaluation of the
 whole split (callbacks.ExactEvaluation does it during `fit`). This holds for
 every metric whose state adds up, which is every built-in Keras metric and
 the loss.
+
+A worker's empty batches run through the model as one row of zeros whose
+outputs are dropped (hvdtrain.parallel.empty_batches): `EmptyBatchesStep`.
 """
 
 import horovod.tensorflow as hvd
+import keras
 import tensorflow as tf
 
 from hvdtrain import layout
+from hvdtrain.parallel import empty_batches
 
-__all__ = ["sum_metric_states"]
+__all__ = ["EmptyBatchesStep", "sum_metric_states"]
+
+
+class EmptyBatchesStep:
+    """Keras 3's test step (keras/src/backend/tensorflow/trainer.py) with
+    its forward pass run by empty_batches.forward. Installed as a model's
+    `test_step` where the model has Keras's own (`install`)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    @classmethod
+    def install(cls, model):
+        if type(model).test_step is keras.Model.test_step:
+            model.test_step = cls(model)
+
+    def __call__(self, data):
+        model = self.model
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        y_pred = empty_batches.forward(
+            lambda x: model(x, training=False) if model._call_has_training_arg else model(x), x)
+        loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                   training=False)
+        model._loss_tracker.update_state(loss, sample_weight=empty_batches.rows(x))
+        return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
 
 def sum_metric_states(metrics):

@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from hvdtrain import layout
 from hvdtrain.errors import UsageError
-from hvdtrain.parallel import collectives
+from hvdtrain.parallel import collectives, empty_batches
 from hvdtrain.parallel.pipeline import schedules, stage_weights, transfer
 
 __all__ = ["Pipeline"]
@@ -272,7 +272,11 @@ class _Passes:
                 watched = [t for t in keras.tree.flatten(inputs) if _differentiable(t)]
                 if training and not model.first:
                     tape.watch(watched)
-                outputs = self.stage(inputs, training=training)
+                if training:
+                    outputs = self.stage(inputs, training=True)
+                else:   # a short batch's micro-batches may be empty
+                    outputs = empty_batches.forward(
+                        lambda x: self.stage(x, training=False), inputs)
                 objective = self._objective(i, outputs, training)
             if not model.last:
                 self.sent += [
