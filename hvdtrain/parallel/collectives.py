@@ -15,8 +15,8 @@ import tensorflow as tf
 from hvdtrain import layout
 from hvdtrain.parallel import sharding
 
-__all__ = ["agree_on_max", "agree_on_min", "allreduce_scalars", "broadcast_variables",
-           "occurrence", "occurrence_tag", "raise_together", "root_name_scope"]
+__all__ = ["agree_on_max", "agree_on_min", "allreduce_scalars", "broadcast_over",
+           "broadcast_variables", "occurrence", "occurrence_tag", "raise_together", "root_name_scope"]
 
 _occurrence = contextvars.ContextVar("occurrence", default="")
 
@@ -82,6 +82,16 @@ def broadcast_variables(variables, root_rank=0):
         _assign(parts, _broadcast([tf.convert_to_tensor(v) for v in parts],
                                   layout.current().data_group(hvd.rank())[0], layout.data_set(),
                                   "hvdtrain.broadcast.parts"))
+
+
+def broadcast_over(variables, process_set, root_rank, name):
+    """Sets `variables` on every rank of `process_set` to their values on
+    its member `root_rank` (a global rank). Call it on every rank of the
+    set, with the same variables in the same order."""
+    variables = list(variables)
+    if process_set.size() > 1 and variables:
+        _assign(variables, _broadcast([tf.convert_to_tensor(v) for v in variables], root_rank,
+                                      process_set, name))
 
 
 def _assign(variables, values):

@@ -42,6 +42,7 @@ def build(recipe, config):
         error = e
     collectives.raise_together(error)
     _check_the_same_on_every_rank(model, recipe.name)
+    _warn_of_nothing_split(model, recipe.name)
     if config.pipeline_parallel > 1:
         model = _pipelined(model, config)
     return compile_model(model, recipe, config)
@@ -59,6 +60,18 @@ def _pipelined(model, config):
         logging.warning("--microbatches: %s", costly)
     return pipeline.Pipeline(stages, microbatches, config.pipeline_schedule,
                              name=f"{model.name}_pipeline")
+
+
+def _warn_of_nothing_split(model, recipe_name):
+    """With tensor parallelism, a model without split layers has each of a
+    replica's ranks do the same work: worth a word, once."""
+    if layout.tensor_size() == 1 or sharding.has_shards(model) or hvd.rank() != 0:
+        return
+    logging.warning("--tensor_parallel=%d: recipe %s's model has no tensor-parallel layers "
+                    "(hvdtrain.layers: ColumnParallelDense, RowParallelDense, "
+                    "ParallelMultiHeadAttention, VocabParallelEmbedding), so the %d ranks of each "
+                    "replica do the same work; drop --tensor_parallel to train data-parallel on "
+                    "every worker", layout.tensor_size(), recipe_name, layout.tensor_size())
 
 
 def _check_the_same_on_every_rank(model, recipe_name):

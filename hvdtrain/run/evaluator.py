@@ -128,6 +128,7 @@ def _evaluate(asked, model_dir, split, checkpoint_name, output, given):
     source, settings = hvd.broadcast_object((source, settings), root_rank=0,
                                             name="hvdtrain.evaluate.source")
     config = _settings(asked, given, settings, source)
+    _check_workers(config, given, source)
     layout.arrange(config.tensor_parallel, config.pipeline_parallel)
     recipe = recipe_lib.get(config.recipe)
     load_split = _split_loader(recipe, split)
@@ -251,6 +252,21 @@ def _settings(asked, given, recorded, source):
     changed = {name: getattr(asked, name) for name in CHANGEABLE
                if name in given or name == "model_dir"}
     return run.override(**changed).override(jit_compile=False)
+
+
+def _check_workers(config, given, source):
+    """A model trained with tensor or pipeline parallelism is evaluated at
+    that layout (as the run's settings say): on a multiple of T x P workers."""
+    group = config.tensor_parallel * config.pipeline_parallel
+    if hvd.size() % group == 0 or given & {"tensor_parallel", "pipeline_parallel"}:
+        return   # (a layout given is layout.arrange's to check)
+    trained = " and ".join(f"--{name}={getattr(config, name)}"
+                           for name in ("tensor_parallel", "pipeline_parallel")
+                           if getattr(config, name) > 1)
+    raise UsageError(f"{source} was trained with {trained}, so it is evaluated on a multiple of "
+                     f"{group} workers, not {hvd.size()}: start it on {group} (e.g. horovodrun "
+                     f"-np {group} -H localhost:{group} hvdtrain evaluate "
+                     f"--model_dir={config.model_dir})")
 
 
 def _asked_for(config):

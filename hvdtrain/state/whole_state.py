@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import layout
-from hvdtrain.parallel import pipeline, sharding
+from hvdtrain.parallel import collectives, pipeline, sharding
 
 __all__ = ["describe", "gather", "plain_model", "scatter"]
 
@@ -83,10 +83,10 @@ def gather(variables, values, name):
 def scatter(variables, values, name):
     """Sets every rank's `variables` from the whole state `values` on rank 0
     (in `gather`'s order): each stage's leader takes its whole variables,
-    and the ranks of its stage their parts of split ones; the other
-    replicas' unsplit variables are left for a broadcast from replica 0
-    (collectives.broadcast_variables). Call it on every rank with its own
-    variables; `values` is read on rank 0 only."""
+    and every rank of its stage (each replica's, each tensor-parallel
+    rank's) its unsplit ones from the leader and its parts of split ones.
+    Call it on every rank with its own variables; `values` is read on rank
+    0 only."""
     leading = hvd.rank() in layout.stage_leaders()
     if leading and layout.pipeline_size() > 1:
         stages = _stages_entries(variables)
@@ -97,12 +97,15 @@ def scatter(variables, values, name):
             received = _pass(sending, _size(stages[stage]), stage, f"{name}.to_stage{stage}")
             if layout.pipeline_rank() == stage:
                 values = _arrays(received, stages[stage])
+    unsplit = [v for v in variables if not sharding.is_sharded(v)]
     if leading:
         for variable, value in zip(variables, values):
             if not sharding.is_sharded(variable):
                 variable.assign(value)
-    sharding.scatter(variables, values, name=f"{name}.stage{layout.pipeline_rank()}",
-                     process_set=layout.stage_set())
+    stage = f"{name}.stage{layout.pipeline_rank()}"
+    collectives.broadcast_over(unsplit, layout.stage_set(), layout.stage_leaders()[
+        layout.pipeline_rank()], name=f"{stage}.unsplit")
+    sharding.scatter(variables, values, name=stage, process_set=layout.stage_set())
 
 
 _NOTHING = np.zeros(0, np.uint8)
