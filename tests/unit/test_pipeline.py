@@ -97,15 +97,40 @@ def residual_model():
     return keras.Model(x, keras.layers.Dense(3, name="head")(h))
 
 
-def test_a_functional_model_cuts_at_the_outputs_every_path_crosses():
+def _chained(stages, x):
+    for stage in stages:
+        x = stage(x)
+    return x
+
+
+def test_a_cut_takes_every_tensor_made_before_it_and_used_after_it():
     model = residual_model()
-    assert [t._keras_history.operation.name for t in pipeline.boundaries(model)] == [
-        "embed", "block", "mix"]
+    assert [(layer.name, [t._keras_history.operation.name for t in crossing])
+            for layer, crossing in pipeline.boundaries(model)] == [
+        ("embed", ["embed"]), ("inner", ["embed", "inner"]), ("block", ["block"]),
+        ("mix", ["mix"])]
+    x = np.random.default_rng(0).normal(size=(5, 6)).astype("float32")
     stages = pipeline.cut(model, at=["block"])
     assert [[layer.name for layer in s.layers if layer.weights] for s in stages] == [
         ["embed", "inner"], ["mix", "head"]]
-    x = np.random.default_rng(0).normal(size=(5, 6)).astype("float32")
-    np.testing.assert_allclose(stages[1](stages[0](x)), model(x), rtol=1e-6)
+    np.testing.assert_allclose(_chained(stages, x), model(x), rtol=1e-6)
+    # Inside the residual block, the skip connection crosses too.
+    inside = pipeline.cut(model, at=["inner"])
+    assert len(inside[1].inputs) == 2
+    np.testing.assert_allclose(_chained(inside, x), model(x), rtol=1e-6)
+
+
+def test_a_tensor_needed_stages_later_passes_through_the_stages_between():
+    tokens = keras.Input((5,), dtype="int32", name="tokens")
+    mask = keras.ops.cast(keras.ops.not_equal(tokens, 0), "float32")   # from the inputs
+    h = keras.layers.Embedding(10, 4, name="embed")(tokens)
+    h = keras.layers.Dense(4, name="first")(keras.layers.Flatten()(h))
+    h = keras.layers.Dense(5, name="second")(h)
+    model = keras.Model(tokens, keras.layers.Dense(2, name="head")(h * mask))
+    stages = pipeline.cut(model, at=["first", "second"])
+    assert [len(s.inputs) for s in stages] == [1, 2, 2]
+    ids = np.array([[1, 2, 0, 0, 0], [3, 4, 5, 6, 7]], "int32")
+    np.testing.assert_allclose(_chained(stages, ids), model(ids), rtol=1e-6)
 
 
 def test_a_sequential_model_cuts_at_indices_or_names():
@@ -130,13 +155,35 @@ def test_stages_of_about_equal_parameters_when_no_cut_points_are_given():
 
 @pytest.mark.parametrize("at,message", [
     (["nowhere"], "'nowhere' is not a layer of model"),
-    (["inner"], "cannot be cut at layer 'inner': a skip connection"),
     (["mix", "block"], "not in the model's order"),
     (["block", "block"], "repeat one"),
+    (["head"], "'head' leaves the last stage empty: cut after one of embed, inner, block, mix"),
 ])
 def test_cut_points_that_do_not_cut_the_model_are_refused(at, message):
     with pytest.raises(UsageError, match=message):
         pipeline.cut(residual_model(), at=at)
+
+
+def test_a_layer_with_state_of_its_own_is_not_split_between_stages():
+    x = keras.Input((4,))
+    shared = keras.layers.BatchNormalization(name="shared_norm")
+    h = keras.layers.Dense(4, name="before")(shared(x))
+    h = keras.layers.Dense(4, name="between")(h)
+    model = keras.Model(x, keras.layers.Dense(2, name="head")(shared(h)))
+    with pytest.raises(UsageError, match=(
+            "cannot be cut after layer 'before': layer 'shared_norm' runs on both sides of it "
+            "and keeps state of its own .*moving_mean.*; cut where its calls stay in one "
+            r"stage: after one of no layer \(by name\)")):
+        pipeline.cut(model, at=["before"])
+
+
+def test_a_sparse_tensor_does_not_cross_a_cut():
+    x = keras.Input((6,), sparse=True, name="counts")
+    h = keras.layers.Dense(4, name="first")(x)
+    both = keras.layers.Concatenate()([h, keras.layers.Dense(4, name="again")(x)])
+    model = keras.Model(x, keras.layers.Dense(2, name="head")(both))
+    with pytest.raises(UsageError, match="a sparse tensor, would cross it"):
+        pipeline.cut(model, at=["first"])
 
 
 def test_a_tied_embedding_is_held_by_both_stages_it_runs_on():
@@ -208,7 +255,7 @@ def test_xla_and_loss_scaling_are_refused_at_compile():
     ({"precision": "mixed_float16"}, "mixed_float16's loss scaling would let each stage"),
     ({"jit_compile": True}, "XLA cannot hold the passes between stages"),
     ({"batch_size": 12}, r"--batch_size=12 does not split into 8 micro-batches \(4 x P by "
-                         "default\)"),
+                         r"default\)"),
     ({"microbatches": 5}, "--batch_size=32 does not split into 5 micro-batches;"),
     ({"pipeline_cuts": "a,b"}, r"--pipeline_cuts names 2 layer\(s\); 2 stages end at 1"),
 ])

@@ -269,9 +269,11 @@ class _Passes:
                 inputs = self._receive_activations(i)
             tape = tf.GradientTape() if training else _NoTape()
             with tape, collectives.occurrence(f"pipeline.{self.kind}.{i}"):
-                watched = [t for t in keras.tree.flatten(inputs) if _differentiable(t)]
+                # The inputs a gradient goes back for, by their place among all of them.
+                watched = {j: t for j, t in enumerate(keras.tree.flatten(inputs))
+                           if _differentiable(t)}
                 if training and not model.first:
-                    tape.watch(watched)
+                    tape.watch(list(watched.values()))
                 if training:
                     outputs = self.stage(inputs, training=True)
                 else:   # a short batch's micro-batches may be empty
@@ -306,14 +308,15 @@ class _Passes:
             if objective is not None:
                 targets.append(model.optimizer.scale_loss(objective))
                 seeds.append(tf.ones_like(targets[-1]))
-            gradients = tape.gradient(targets, self._variables + inputs, output_gradients=seeds)
+            gradients = tape.gradient(targets, self._variables + list(inputs.values()),
+                                      output_gradients=seeds)
             count = len(self._variables)
             for k, g in enumerate(gradients[:count]):
                 if g is not None:
                     self.gradients[k] = g if self.gradients[k] is None else _add(
                         self.gradients[k], g)
             if not model.first:
-                for j, (t, g) in enumerate(zip(inputs, gradients[count:])):
+                for (j, t), g in zip(inputs.items(), gradients[count:]):
                     g = tf.zeros_like(t) if g is None else tf.convert_to_tensor(g)
                     self.sent.append(transfer.send(
                         g, -1, self._name("backward", model.stage_index - 1, i, j)))
