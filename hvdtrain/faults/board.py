@@ -20,6 +20,7 @@ __all__ = ["Board", "open_for_run"]
 
 _REQUEST_SECONDS = 2
 _served = None   # the store this process serves, until the next run's
+_runs = 0        # runs this process has started
 
 
 class Board:
@@ -59,22 +60,24 @@ class Board:
 
 def open_for_run(board):
     """(the run's board, its id), on every rank: `board` (horovodrun's, or
-    None) or else one rank 0 serves, and an id that rank 0 gives this run,
-    so that what one run said is not read as another's (a launch may run
-    several). A collective: call it on every rank, once per run."""
-    global _served
+    None) or else one rank 0 serves, and an id of this run, so that what
+    one run said is not read as another's (a launch may run several).
+    With a launcher's board no collective is needed (and none may be: under
+    elastic mode a worker that joins runs this alone): each rank numbers its
+    own runs, and every rank of a launch runs the same. Else a collective:
+    call it on every rank, once per run."""
+    global _runs, _served
+    _runs += 1
+    if board is not None:
+        return board, f"run{_runs}"
     if _served is not None:
         _served.shutdown_server()
         _served = None
     address = None
     if hvd.rank() == 0:
-        if board is None:
-            from horovod.runner.http.http_server import KVStoreServer
+        from horovod.runner.http.http_server import KVStoreServer
 
-            _served = KVStoreServer(verbose=0)
-            address = (socket.gethostname(), _served.start_server())
-        address = (address, os.urandom(6).hex())
-    address, run = hvd.broadcast_object(address, root_rank=0, name="hvdtrain.board")
-    if board is None:
-        board = Board(*address, served=_served is not None)
-    return board, run
+        _served = KVStoreServer(verbose=0)
+        address = (socket.gethostname(), _served.start_server(), os.urandom(6).hex())
+    host, port, run = hvd.broadcast_object(address, root_rank=0, name="hvdtrain.board")
+    return Board(host, port, served=_served is not None), run

@@ -301,3 +301,39 @@ def test_a_stage_gives_values_to_its_own_weights_only_and_they_are_the_whole_mod
     values = {w.path: value for w, value in zip(model.weights, start)}
     for weight in pipelined.stage.weights:
         np.testing.assert_array_equal(weight.numpy(), values[weight.path], err_msg=weight.path)
+
+
+# At np=4, what the pages on tensor and pipeline parallelism refuse, under
+# each of their compositions: one line, the same on every rank.
+COMPOSED = {"D2xP2": ["--pipeline_parallel=2"],
+            "T2xP2": ["--pipeline_parallel=2", "--tensor_parallel=2"],
+            "D2xT2": ["--tensor_parallel=2"]}
+COMPOSED_BAD = {
+    "D2xP2: a cut at no layer": ("D2xP2", ["--pipeline_cuts=nowhere"],
+                                 "pipeline cut point 'nowhere' is not a layer of model gpt"),
+    "D2xP2: mixed_float16": ("D2xP2", ["--precision=mixed_float16"],
+                             "--pipeline_parallel=2: mixed_float16's loss scaling"),
+    "T2xP2: a batch that does not split": ("T2xP2", ["--microbatches=3"], re.escape(
+        "--batch_size=16 does not split into 3 micro-batches")),
+    "T2xP2: heads not divisible": ("T2xP2", ["--option=heads=3", "--option=d_model=66"],
+                                   re.escape("--option=heads=3 does not split over "
+                                             "--tensor_parallel=2")),
+    "T2xP2: more ranks than workers": ("T2xP2", ["--pipeline_parallel=4"], re.escape(
+        "does not divide the 4 workers into replicas")),
+    "D2xT2: clipping by norm": ("D2xT2", ["--clipnorm=1"],
+                                "--tensor_parallel=2: clipping by norm"),
+    "D2xT2: an optimizer of whole weights": ("D2xT2", ["--optimizer=lamb"],
+                                             "--optimizer=lamb updates each weight as a whole"),
+}
+
+
+@pytest.mark.launches(np=4)
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", COMPOSED_BAD, ids=list(COMPOSED_BAD))
+def test_bad_input_at_each_composition_ends_every_rank_with_one_line(shared_tmp_path, capfd,
+                                                                     case):
+    composition, args, expected = COMPOSED_BAD[case]
+    line = refused_on_every_rank(gathered(hvdtrain_command(
+        capfd, "train", *GPT, *COMPOSED[composition], *args,
+        f"--model_dir={shared_tmp_path / 'run'}")))
+    assert re.search(expected, line), line
