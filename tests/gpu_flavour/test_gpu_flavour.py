@@ -1,8 +1,8 @@
 """The GPU flavour (`HVDTRAIN_GPU=1 scripts/install.sh`: tensorflow[and-cuda]
 and Horovod with NCCL operations), tested on a machine without a GPU: what
 was built and linked, and that it is the same product as the CPU flavour
-(the default recipe trains to `make demo`'s bar under MPI, and trains under
-Gloo). Run in that environment: `make test-gpu`."""
+(the default recipe learns under MPI and Gloo). Run in that environment:
+`make test-gpu`."""
 
 import json
 import os
@@ -55,17 +55,17 @@ def test_one_nccl_from_tensorflows_packages_found_without_ld_library_path():
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("controller, epochs, bar", [("mpi", None, 0.95), ("gloo", 2, 0.5)])
-def test_default_recipe_trains_to_the_demo_bar(controller, epochs, bar, tmp_path):
-    # Under MPI the whole demo to its bar; under Gloo its first 2 epochs.
+@pytest.mark.parametrize("controller", ["mpi", "gloo"])
+def test_default_recipe_trains(controller, tmp_path):
+    # The demo's first 2 epochs: learning, well past chance (the whole demo's
+    # bar is the CPU flavour's test, with the same code).
     result = horovodrun(["--config-file", "horovodrun.cfg", "hvdtrain", "train",
-                         "--recipe=digits_cnn", f"--model_dir={tmp_path}",
-                         *([f"--epochs={epochs}"] if epochs else [])],
+                         "--recipe=digits_cnn", f"--model_dir={tmp_path}", "--epochs=2"],
                         controller=controller, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = re.search(r"digits_cnn on 2 workers, \d+ epochs in [\d.]+ s: "
                         r"val_accuracy (\d\.\d+)", result.stdout)
-    assert summary and float(summary.group(1)) >= bar, result.stdout[-3000:]
+    assert summary and float(summary.group(1)) >= 0.5, result.stdout[-3000:]
     assert (tmp_path / "model.keras").stat().st_size > 0
 
 

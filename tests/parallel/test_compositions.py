@@ -5,6 +5,7 @@ at the layout it trained with reports what training's last validation did,
 and the export, loaded with plain `keras.saving.load_model`, scores the
 validation split as the split model did (loss within 1e-4: float32 sums
 in another order). No process is left behind; no rank reports an error.
+A rank that fails at a composition is named by the others with its line.
 
 Own launches: the shared launches (tests/ranked) keep their processes alive
 between tests, so none of them sees ranks leave a run at different times
@@ -20,21 +21,24 @@ import keras
 import numpy as np
 import pytest
 
-from launch import horovodrun, rank_lines
+from launch import REPO, horovodrun, rank_lines
+
+FAULTS = REPO / "tests" / "recipes" / "faults.py"
 
 # A gpt small enough for 8 processes on 2 cores: 2 steps of 2 replicas.
 TINY_GPT = ["--recipe=gpt", "--option=train_sequences=64", "--option=validation_sequences=32",
             "--option=sequence_length=8", "--option=d_model=16", "--option=mlp_dim=32",
-            "--option=heads=2", "--batch_size=16", "--microbatches=4"]
+            "--option=heads=2", "--batch_size=16"]
+PIPELINE = ["--pipeline_parallel=2", "--microbatches=4"]
 ONE_THREAD = ["--intra_op_threads=1", "--epochs=1"]
 
 COMPOSITIONS = {
-    "P2 gpt": (2, [*TINY_GPT, "--pipeline_parallel=2"]),
+    "P2 gpt": (2, [*TINY_GPT, *PIPELINE]),
     "P2 digits_cnn": (2, ["--recipe=digits_cnn", "--pipeline_parallel=2"]),
-    "D2xP2 gpt": (4, [*TINY_GPT, "--pipeline_parallel=2"]),
-    "T2xP2 gpt": (4, [*TINY_GPT, "--pipeline_parallel=2", "--tensor_parallel=2"]),
+    "D2xP2 gpt": (4, [*TINY_GPT, *PIPELINE]),
+    "T2xP2 gpt": (4, [*TINY_GPT, *PIPELINE, "--tensor_parallel=2"]),
     "D2xT2 gpt": (4, [*TINY_GPT, "--tensor_parallel=2"]),
-    "D2xT2xP2 gpt": (8, [*TINY_GPT, "--pipeline_parallel=2", "--tensor_parallel=2"]),
+    "D2xT2xP2 gpt": (8, [*TINY_GPT, *PIPELINE, "--tensor_parallel=2"]),
 }
 
 
@@ -109,3 +113,28 @@ def _validation(flags, data_dir):
         settings["vocab_size"], settings["successors"], settings["sequence_length"],
         settings["train_sequences"], settings["validation_sequences"], settings["language_seed"])
     return validation[:, :-1], validation[:, 1:]
+
+
+def test_a_rank_that_fails_at_t2xp2_is_named_by_every_other_with_its_line(tmp_path):
+    """Rank 1 (stage 0, tensor-parallel rank 1) reads NaN features: the
+    ranks of its pipeline find the loss NaN; the others stop naming one of
+    them, in its own words, never as a rank that finished."""
+    model_dir = tmp_path / "run"
+    result = horovodrun(
+        ["hvdtrain", "train", f"--recipe={FAULTS}", f"--model_dir={model_dir}",
+         "--pipeline_parallel=2", "--tensor_parallel=2", "--microbatches=2",
+         "--checkpoint_steps=4", *ONE_THREAD],
+        np=4, timeout=300, env=dict(FAULT="nan", FAULT_RANK="1", FAULT_EPOCH="0", FAULT_STEP="2"))
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-4000:]
+    errors = {rank: text for rank, text in rank_lines(output) if "hvdtrain: error:" in text}
+    failed = {rank: text.removeprefix("hvdtrain: error: ") for rank, text in errors.items()
+              if "stopped because" not in text}
+    assert failed and all(re.fullmatch(r"the loss is nan at epoch 1, step \d+ on rank \d; .*", t)
+                          for t in failed.values()), output[-4000:]
+    for rank, text in errors.items():
+        if rank not in failed:
+            named = re.fullmatch(r"hvdtrain: error: stopped because rank (\d) failed"
+                                 r"(?: \(ranks? [\d, ]+ too\))?: (.*)", text)
+            assert named and named.group(2) == failed[int(named.group(1))], text
+    assert "Traceback" not in output and not _left_behind(str(model_dir))
