@@ -24,18 +24,17 @@ from hvdtrain.faults import watchdog
 __all__ = ["arrive", "fail", "leave", "why_stopped"]
 
 _SCOPE = "hvdtrain.departures"
+# One key for the line of a rank that failed (the last to say one): a
+# bystander reads one key, however many ranks the job has.
+_FAILED = "failed"
 # How long a failing rank that serves the board (rank 0 outside Gloo) keeps
 # it up for the others to read its line.
-_HEARD_SECONDS = 3.0
-_POLL_SECONDS = 0.1
+_HEARD_SECONDS = 2.0
 
 
 class _Run:
-    def __init__(self, board, run, rank, size):
-        self.board, self.scope, self.rank, self.size = board, f"{_SCOPE}.{run}", rank, size
-
-    def others(self):
-        return [r for r in range(self.size) if r != self.rank]
+    def __init__(self, board, run, rank):
+        self.board, self.scope, self.rank = board, f"{_SCOPE}.{run}", rank
 
 
 _run = None
@@ -45,7 +44,7 @@ def arrive(board, run):
     """This rank is in run `run` (its id), whose ranks write on `board`
     (None: nobody to tell, one process)."""
     global _run
-    _run = _Run(board, run, hvd.rank(), hvd.size()) if board is not None else None
+    _run = _Run(board, run, hvd.rank()) if board is not None else None
 
 
 def leave():
@@ -60,36 +59,24 @@ def leave():
 def fail(line):
     """Tells the run's other ranks that this one fails with `line` (the
     message it prints), before it exits. A rank that serves the board lets
-    the others learn of the failure at once (Horovod shut down) and waits
-    a moment for them to read the line."""
+    the others learn of the failure at once (Horovod shut down) and keeps
+    the board a moment for them to read the line."""
     if _run is None:
         return
-    _run.board.put(_run.scope, _run.rank, dict(line=line, time=time.time()))
-    if not _run.board.served:
-        return
-    with contextlib.suppress(Exception):
-        hvd.shutdown()
-    deadline = time.monotonic() + _HEARD_SECONDS
-    while (time.monotonic() < deadline
-           and len(_run.board.read(_run.scope, _run.others())) < len(_run.others())):
-        time.sleep(_POLL_SECONDS)
+    _run.board.put(_run.scope, _FAILED, dict(rank=_run.rank, line=line))
+    if _run.board.served:
+        with contextlib.suppress(Exception):
+            hvd.shutdown()
+        time.sleep(_HEARD_SECONDS)
 
 
 def why_stopped(reason):
     """Why this rank's collective failed, in words, once another rank left
     the run: that rank and the line it failed with, or (none said one: a
     process killed, a host lost) `reason`, what the collective raised."""
-    said = {}
-    if _run is not None:
-        said = _run.board.read(_run.scope, _run.others())
-        _run.board.put(_run.scope, _run.rank, dict(heard=True))
-    failed = sorted((record["time"], rank, record["line"]) for rank, record in said.items()
-                    if "line" in record)
-    if not failed:
+    said = _run.board.read(_run.scope, [_FAILED]).get(_FAILED) if _run is not None else None
+    if said is None:
         return (f"stopped because another worker ended or stopped responding without a word "
                 f"({reason}): killed, out of memory or its host lost; the launcher's report "
                 "names it")
-    _, rank, line = failed[0]
-    also = sorted(r for _, r, _ in failed[1:])
-    others = f" (rank{'s' * (len(also) > 1)} {', '.join(map(str, also))} too)" if also else ""
-    return f"stopped because rank {rank} failed{others}: {line}"
+    return f"stopped because rank {said['rank']} failed: {said['line']}"
