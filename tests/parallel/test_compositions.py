@@ -5,7 +5,8 @@ at the layout it trained with reports what training's last validation did,
 and the export, loaded with plain `keras.saving.load_model`, scores the
 validation split as the split model did (loss within 1e-4: float32 sums
 in another order). No process is left behind; no rank reports an error.
-A rank that fails at a composition is named by the others with its line.
+A rank that fails or hangs at a composition is named, a failing one by the
+others with its line.
 
 Own launches: the shared launches (tests/ranked) keep their processes alive
 between tests, so none of them sees ranks leave a run at different times
@@ -21,7 +22,7 @@ import keras
 import numpy as np
 import pytest
 
-from launch import REPO, horovodrun, rank_lines
+from launch import REPO, horovodrun, rank_lines, start_horovodrun
 
 FAULTS = REPO / "tests" / "recipes" / "faults.py"
 
@@ -115,26 +116,41 @@ def _validation(flags, data_dir):
     return validation[:, :-1], validation[:, 1:]
 
 
-def test_a_rank_that_fails_at_t2xp2_is_named_by_every_other_with_its_line(tmp_path):
-    """Rank 1 (stage 0, tensor-parallel rank 1) reads NaN features: the
-    ranks of its pipeline find the loss NaN; the others stop naming one of
-    them, in its own words, never as a rank that finished."""
-    model_dir = tmp_path / "run"
-    result = horovodrun(
-        ["hvdtrain", "train", f"--recipe={FAULTS}", f"--model_dir={model_dir}",
-         "--pipeline_parallel=2", "--tensor_parallel=2", "--microbatches=2",
-         "--checkpoint_steps=4", *ONE_THREAD],
-        np=4, timeout=300, env=dict(FAULT="nan", FAULT_RANK="1", FAULT_EPOCH="0", FAULT_STEP="2"))
-    output = result.stdout + result.stderr
-    assert result.returncode == 1, output[-4000:]
-    errors = {rank: text for rank, text in rank_lines(output) if "hvdtrain: error:" in text}
+def test_a_rank_that_fails_or_hangs_at_a_composition_is_named_and_ends_every_rank(tmp_path):
+    """Side by side (the hang is mostly waiting): at T=2 x P=2, rank 1
+    (stage 0, tensor-parallel rank 1) reads NaN features, the ranks of its
+    pipeline find the loss NaN, and the others stop naming one of them in
+    its own words, never as a rank that finished; at D=2 x P=2, rank 3's
+    input hangs and the watchdog ends every rank, naming it."""
+    jobs = {}
+    for fault, flags, rank in (("nan", ["--tensor_parallel=2"], "1"),
+                               ("hang", ["--stall_timeout=6"], "3")):
+        run_dir = tmp_path / fault
+        run_dir.mkdir()
+        jobs[fault] = run_dir, start_horovodrun(
+            ["hvdtrain", "train", f"--recipe={FAULTS}", f"--model_dir={run_dir / 'run'}",
+             "--pipeline_parallel=2", "--microbatches=2", "--checkpoint_steps=4", *flags,
+             *ONE_THREAD], run_dir / "log", np=4,
+            env=dict(FAULT=fault, FAULT_RANK=rank, FAULT_EPOCH="0", FAULT_STEP="2"))
+    outputs = {}
+    for fault, (run_dir, job) in jobs.items():
+        status = job.wait(timeout=300)
+        outputs[fault] = output = (run_dir / "log").read_text()
+        assert status != 0 and "Traceback" not in output, output[-4000:]
+        assert not _left_behind(str(run_dir / "run")), fault
+
+    errors = {rank: text for rank, text in rank_lines(outputs["nan"])
+              if "hvdtrain: error:" in text}
     failed = {rank: text.removeprefix("hvdtrain: error: ") for rank, text in errors.items()
               if "stopped because" not in text}
     assert failed and all(re.fullmatch(r"the loss is nan at epoch 1, step \d+ on rank \d; .*", t)
-                          for t in failed.values()), output[-4000:]
+                          for t in failed.values()), outputs["nan"][-4000:]
     for rank, text in errors.items():
         if rank not in failed:
             named = re.fullmatch(r"hvdtrain: error: stopped because rank (\d) failed: (.*)",
                                  text)
             assert named and named.group(2) == failed[int(named.group(1))], text
-    assert "Traceback" not in output and not _left_behind(str(model_dir))
+
+    assert any(text.startswith("hvdtrain: error: no progress for 18 s: rank 3 stopped making "
+                               "progress (rank 3 on ") and ": training epoch 1, step 3, idle "
+               in text for _, text in rank_lines(outputs["hang"])), outputs["hang"][-4000:]
