@@ -240,6 +240,13 @@ class TrainConfig:
         0, NON_NEGATIVE, "Threads per op in each process (0: cores / local processes).")
     inter_op_threads: int = _number(
         0, NON_NEGATIVE, "Threads for independent ops (0: TensorFlow's default).")
+    mpi_wait: str = _setting(
+        "auto", "Under horovodrun --mpi, how a rank waits for its peers in a collective: "
+        "'poll' spins on a core (the lowest latency), 'yield' gives the core to the host's "
+        "other threads while it waits; 'auto' polls only where the workers' threads (each "
+        "one's --intra_op_threads and Horovod's background thread) leave a core free, and "
+        "keeps Open MPI's OMPI_MCA_mpi_yield_when_idle where the environment sets it.",
+        choices=("auto", "poll", "yield"))
     verbose: int | None = _number(
         None, Range(0, 2, up_to=True), "Progress on rank 0: 0 none, 1 bar, 2 line per epoch "
         "(default: a bar for one process on a terminal, else 2).")

@@ -24,7 +24,7 @@ from hvdtrain.errors import UsageError
 from hvdtrain.faults import departures, launcher_watch, unread_output, watchdog
 from hvdtrain.faults.board import Board, open_for_run
 
-__all__ = ["barrier", "default_intra_op_threads", "device_name", "gpu_index", "init",
+__all__ = ["barrier", "choose_mpi_wait", "default_intra_op_threads", "device_name", "gpu_index", "init",
            "is_main_process", "leave_together", "local_rank", "local_size",
            "main_process_first", "pin_gpu", "precision_warning", "rank", "set_log_verbosity",
            "size", "stop_watching"]
@@ -36,11 +36,13 @@ size = hvd.size
 local_rank = hvd.local_rank
 local_size = hvd.local_size
 _every_rank_logs = False
+# Open MPI's setting for how a rank waits for its peers (read at MPI_Init).
+_OPEN_MPI_YIELD = "OMPI_MCA_mpi_yield_when_idle"
 
 
 def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=None,
          comm=None, stall_timeout=None, timeline=False, verbose_all_ranks=False,
-         tensor_parallel=1, pipeline_parallel=1):
+         tensor_parallel=1, pipeline_parallel=1, mpi_wait="auto"):
     """Initialises Horovod and this process's devices, threads and precision.
 
     Call it once per process, before any TensorFlow op (see the module's
@@ -69,6 +71,9 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
         pipeline_parallel: P: each replica's model runs as P pipeline
             stages on P ranks (hvdtrain.layout), with process sets as for
             `tensor_parallel`.
+        mpi_wait: Under Open MPI, how a rank waits for its peers: "poll",
+            "yield" or "auto" (`choose_mpi_wait`); Horovod starts MPI in
+            `hvd.init`, which reads it.
 
     Raises:
         UsageError: If `timeline` is asked for while horovodrun already
@@ -85,6 +90,7 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS",
                               f"{max(1, min(stall_timeout / 4, 60)):.0f}")
     recording = os.environ.setdefault("HOROVOD_TIMELINE", "DYNAMIC") if timeline else None
+    waiting = _set_mpi_wait(mpi_wait, intra_op_threads)
     board = Board.from_environment()
     if stall_timeout:
         # Well after Horovod's stall check (told stall_timeout), where that can act.
@@ -115,6 +121,8 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
         # Layers take the policy when they are created: set it before any model.
         keras.mixed_precision.set_global_policy(precision)
     set_log_verbosity()
+    if waiting and is_main_process():
+        logging.info(waiting)
     if gpu is not None:
         details = tf.config.experimental.get_device_details(gpu)
         warning = precision_warning(keras.mixed_precision.global_policy().name,
@@ -146,6 +154,38 @@ def default_intra_op_threads():
     """Host cores shared evenly by the Horovod processes on this host."""
     cores = len(os.sched_getaffinity(0))
     return max(1, cores // hvd.local_size())
+
+
+def choose_mpi_wait(choice, intra_op_threads, local_size, cores):
+    """"poll" or "yield": how the MPI ranks of a host with `cores` cores
+    wait for their peers. Open MPI polls by default (it yields only when
+    mpirun starts more ranks than slots): Horovod's background thread,
+    waiting in a collective, spins on a core. That core is a worker's own
+    once the local_size workers' compute threads and background threads
+    take every core, and polling there slows the step it waits for (bench/alternatives.py under MPI on 2
+    cores: 0.80 of MultiWorkerMirroredStrategy's rate polling, 1.10
+    yielding). `choice` "poll" or "yield" decides instead of "auto"."""
+    if choice != "auto":
+        return choice
+    return "poll" if local_size * (intra_op_threads + 1) <= cores else "yield"
+
+
+def _set_mpi_wait(choice, intra_op_threads):
+    """Sets Open MPI's mpi_yield_when_idle for this process (read when
+    Horovod starts MPI) as `choose_mpi_wait` decides; returns what it
+    chose, in words, or None (not started by Open MPI's mpirun, or auto
+    with the setting already in the environment: the user's)."""
+    local_size = os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+    if local_size is None or choice == "auto" and _OPEN_MPI_YIELD in os.environ:
+        return None
+    cores = len(os.sched_getaffinity(0))
+    local_size = int(local_size)
+    threads = intra_op_threads or max(1, cores // local_size)
+    wait = choose_mpi_wait(choice, threads, local_size, cores)
+    os.environ[_OPEN_MPI_YIELD] = "1" if wait == "yield" else "0"
+    how = "yield their core" if wait == "yield" else "poll on a core"
+    return (f"MPI ranks {how} while they wait ({local_size} on this host x ({threads} intra-op "
+            f"+ 1 Horovod thread) on {cores} cores, --mpi_wait={choice})")
 
 
 def is_main_process():

@@ -38,8 +38,8 @@ __all__ = ["Evaluation", "VALIDATION", "describe", "evaluate"]
 VALIDATION = "validation"   # the split training validates on (Recipe.load_data)
 # The settings evaluating may change; the others (the model, the optimizer,
 # the precision) are the run's own.
-CHANGEABLE = ("batch_size", "data_dir", "intra_op_threads", "inter_op_threads", "model_dir",
-              "pipeline_parallel", "microbatches", "pipeline_schedule", "tensor_parallel",
+CHANGEABLE = ("batch_size", "data_dir", "intra_op_threads", "inter_op_threads", "mpi_wait",
+              "model_dir", "pipeline_parallel", "microbatches", "pipeline_schedule", "tensor_parallel",
               "verbose_all_ranks")
 
 
@@ -102,7 +102,8 @@ def evaluate(config, split=VALIDATION, checkpoint_name=None, output=None, given=
     # The run's layout is known once its settings are read: its process sets
     # are made then.
     runtime.init(config.intra_op_threads, config.inter_op_threads, process_sets="dynamic",
-                 stall_timeout=config.stall_timeout, verbose_all_ranks=config.verbose_all_ranks)
+                 stall_timeout=config.stall_timeout, verbose_all_ranks=config.verbose_all_ranks,
+                 mpi_wait=config.mpi_wait)
     try:
         result = _evaluate(config, model_dir, split, checkpoint_name, output, given)
         runtime.leave_together()   # see trainer.train

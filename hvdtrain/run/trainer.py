@@ -94,7 +94,7 @@ def train(config):
                  stall_timeout=config.stall_timeout, timeline=bool(config.timeline_steps),
                  verbose_all_ranks=config.verbose_all_ranks,
                  tensor_parallel=config.tensor_parallel,
-                 pipeline_parallel=config.pipeline_parallel)
+                 pipeline_parallel=config.pipeline_parallel, mpi_wait=config.mpi_wait)
     if _stops_cleanly(config):
         preemption.install(preemption.parse_signals(config.preemption_signals))
     try:

@@ -184,11 +184,16 @@ def _cpu_model():
 
 
 def _threads():
+    from hvdtrain.runtime import choose_mpi_wait
+
     cores = len(os.sched_getaffinity(0))
+    threads = max(1, cores // 2)
     return [("cores available", str(cores)),
             ("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "unset")),
-            ("intra-op threads", f"cores / processes on the host (2 processes: {max(1, cores // 2)} "
-                                 "each); --intra_op_threads to set")]
+            ("intra-op threads", f"cores / processes on the host (2 processes: {threads} "
+                                 "each); --intra_op_threads to set"),
+            ("MPI ranks waiting", f"2 processes would {choose_mpi_wait('auto', threads, 2, cores)}"
+                                  " (--mpi_wait=auto); --mpi_wait to set")]
 
 
 def _config(config_file):

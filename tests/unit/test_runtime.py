@@ -1,5 +1,7 @@
-"""GPU placement and precision rules of hvdtrain.runtime, and the doctor's
+"""GPU placement, MPI's waiting and precision rules of hvdtrain.runtime, and the doctor's
 NCCL version decoding: the parts of the GPU code paths that run without a GPU."""
+
+import os
 
 import pytest
 
@@ -51,3 +53,45 @@ def test_a_precision_without_tensor_cores_is_named(policy, capability, slow):
                                            (2804, "2.8.4")])
 def test_nccl_version_codes_decode(code, version):
     assert doctor.nccl_version(code) == version
+
+
+@pytest.mark.parametrize("choice, threads, local_size, cores, wait", [
+    ("auto", 1, 2, 2, "yield"),    # 2 x (1 + Horovod's thread) on 2 cores: none free
+    ("auto", 1, 2, 4, "poll"),     # a core for each background thread
+    ("auto", 4, 2, 8, "yield"),    # the default threads (cores / workers) fill the host
+    ("auto", 3, 2, 8, "poll"),
+    ("poll", 4, 2, 8, "poll"),
+    ("yield", 1, 1, 64, "yield"),
+])
+def test_mpi_ranks_poll_only_where_a_core_is_free(choice, threads, local_size, cores, wait):
+    assert runtime.choose_mpi_wait(choice, threads, local_size, cores) == wait
+
+
+@pytest.fixture
+def mpirun_on_2_cores(monkeypatch):
+    """This process as one of 2 ranks mpirun started on a 2-core host."""
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2")
+    monkeypatch.delenv("OMPI_MCA_mpi_yield_when_idle", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+
+
+def test_open_mpi_is_told_to_yield_where_polling_would_take_a_workers_core(mpirun_on_2_cores):
+    said = runtime._set_mpi_wait("auto", 0)
+    assert os.environ["OMPI_MCA_mpi_yield_when_idle"] == "1"
+    assert said == ("MPI ranks yield their core while they wait (2 on this host x (1 intra-op + "
+                    "1 Horovod thread) on 2 cores, --mpi_wait=auto)")
+
+
+def test_open_mpis_own_setting_in_the_environment_is_kept_unless_a_choice_is_given(
+        mpirun_on_2_cores, monkeypatch):
+    monkeypatch.setenv("OMPI_MCA_mpi_yield_when_idle", "0")
+    assert runtime._set_mpi_wait("auto", 1) is None
+    assert os.environ["OMPI_MCA_mpi_yield_when_idle"] == "0"
+    assert runtime._set_mpi_wait("yield", 1).startswith("MPI ranks yield their core")
+    assert os.environ["OMPI_MCA_mpi_yield_when_idle"] == "1"
+
+
+def test_nothing_is_set_outside_open_mpis_mpirun(mpirun_on_2_cores, monkeypatch):
+    monkeypatch.delenv("OMPI_COMM_WORLD_LOCAL_SIZE")
+    assert runtime._set_mpi_wait("yield", 1) is None
+    assert "OMPI_MCA_mpi_yield_when_idle" not in os.environ
