@@ -1,12 +1,15 @@
 """hvdtrain against what users would pick instead, measured side by side.
 
-    python bench/alternatives.py [--contenders=hvdtrain,mwms,horovod_keras2] [--rounds=3]
+    python bench/alternatives.py [--contenders=hvdtrain,horovod_ops,mwms,horovod_keras2] [--rounds=3]
 
 Trains the same small CNN on the same fixed random 32x32x3 data, with SGD
 momentum, a batch of 64 per worker, 2 processes with one intra-op thread
 each, by `model.fit` under each contender (bench/alternatives_worker.py):
   hvdtrain         Keras 3 + hvdtrain.DistributedOptimizer, launched as hvdtrain
                    jobs are: horovodrun --config-file horovodrun.cfg -np 2
+  horovod_ops      Keras 3 + a train_step averaging the gradients with one
+                   horovod.tensorflow.grouped_allreduce, launched alike: Horovod's
+                   engine alone, so that hvdtrain / it is what hvdtrain adds or costs
   mwms             Keras 3 + tf.distribute.MultiWorkerMirroredStrategy (RING
                    collectives on CPU), 2 workers on loopback
   horovod_keras2   horovod.tensorflow.keras on TensorFlow 2.15 (tf.keras 2),
@@ -16,7 +19,10 @@ Every worker times windows of steps after warm-up steps, as hvdtrain's
 throughput does; a run's total is the median over windows of the workers'
 summed rates (a burst of other load on the machine spoils a window, not the
 run). Each worker also records its process's CPU time per step, which
-depends less than the rate on other load. Runs are interleaved in rounds,
+depends less than the rate on other load, and how its threads split it:
+TensorFlow's op threads (compute), the main thread (python), the rest
+(other: Horovod's background thread and its controller's, or the
+strategy's collective and gRPC threads). Runs are interleaved in rounds,
 the order rotated each round (A B C, B C A, ...), so that drift on a busy
 machine hits all alike. The report gives each contender's median over
 rounds, and hvdtrain / each other as the geometric mean of the rounds'
@@ -44,14 +50,17 @@ import time
 
 from absl import app, flags
 
-CONTENDERS = ("hvdtrain", "mwms", "horovod_keras2")
-LABELS = {"hvdtrain": "hvdtrain (Keras 3)", "mwms": "MultiWorkerMirrored (Keras 3)",
+CONTENDERS = ("hvdtrain", "horovod_ops", "mwms", "horovod_keras2")
+LABELS = {"hvdtrain": "hvdtrain (Keras 3)", "horovod_ops": "Horovod's ops alone (Keras 3)",
+          "mwms": "MultiWorkerMirrored (Keras 3)",
           "horovod_keras2": "Horovod tf.keras 2 (TF 2.15)"}
 WORKER = pathlib.Path(__file__).with_name("alternatives_worker.py")
 HOROVODRUN_CONFIG = pathlib.Path(__file__).parent.parent / "horovodrun.cfg"
 WORKERS = 2
+THREAD_KINDS = ("compute", "python", "other")
 
-flags.DEFINE_list("contenders", list(CONTENDERS), "Which of hvdtrain, mwms, horovod_keras2 to run.")
+flags.DEFINE_list("contenders", list(CONTENDERS),
+                  "Which of hvdtrain, horovod_ops, mwms, horovod_keras2 to run.")
 flags.DEFINE_integer("rounds", 5, "Interleaved rounds (one run of each contender per round).")
 flags.DEFINE_integer("batch_size", 64, "Examples per worker and step.")
 flags.DEFINE_integer("warmup_steps", 10, "Steps left out at the start of each run.")
@@ -196,7 +205,9 @@ def run_once(mode, scratch, round_index):
         raise RunFailed(f"{mode} timed no window: raise --windows or lower --warmup_steps")
     totals = [sum(r["rates"][w] for r in ranks) for w in range(windows)]
     cpu_ms = [1000 * statistics.fmean(r["cpu_per_step"][w] for r in ranks) for w in range(windows)]
-    return {"examples_per_second": statistics.median(totals), "window_totals": totals,
+    kinds = {kind: 1000 * statistics.fmean(r["cpu_per_step_by_kind"].get(kind, 0.0) for r in ranks)
+             for kind in THREAD_KINDS}
+    return {"cpu_ms_per_step_by_kind": kinds, "examples_per_second": statistics.median(totals), "window_totals": totals,
             "cpu_ms_per_step": statistics.median(cpu_ms),
             "wall_seconds": seconds, "versions": {k: ranks[0][k] for k in ("tensorflow", "keras")}}
 
@@ -226,6 +237,9 @@ def summarize(runs, missing):
         contenders[mode] = {"examples_per_second": median, "per_worker": median / WORKERS,
                             "cpu_ms_per_step": statistics.median(
                                 r["cpu_ms_per_step"] for r in rounds),
+                            "cpu_ms_per_step_by_kind": {kind: statistics.median(
+                                r["cpu_ms_per_step_by_kind"][kind] for r in rounds)
+                                for kind in THREAD_KINDS},
                             "versions": rounds[0]["versions"], "rounds": rounds}
     ratios = {}
     if "hvdtrain" in runs:
@@ -249,14 +263,15 @@ def report(results):
           f"worker, examples/s in total (each run: its median window; median of {FLAGS.rounds} "
           "interleaved rounds)")
     print(f"{'contender':<32}{'versions':<25}{'examples/s':>11}{'rounds':>12}{'per worker':>11}"
-          f"{'hvdtrain / it':>15}{'CPU ms/step':>13}")
+          f"{'hvdtrain / it':>15}{'CPU ms/step':>13}{'compute/python/other':>22}")
     for mode, c in contenders.items():
         versions = f"TF {c['versions']['tensorflow']}, Keras {c['versions']['keras']}"
         rates = [r["examples_per_second"] for r in c["rounds"]]
         ratio = ratios.get(f"hvdtrain/{mode}", {}).get("ratio")
         print(f"{LABELS[mode]:<32}{versions:<25}{c['examples_per_second']:>11.1f}"
               f"{f'{min(rates):.0f}-{max(rates):.0f}':>12}{c['per_worker']:>11.1f}"
-              f"{'' if ratio is None else f'{ratio:.3f}':>15}{c['cpu_ms_per_step']:>13.0f}")
+              f"{'' if ratio is None else f'{ratio:.3f}':>15}{c['cpu_ms_per_step']:>13.0f}"
+              f"{'/'.join(f'{v:.1f}' for v in c['cpu_ms_per_step_by_kind'].values()):>22}")
     for mode, why in results["missing"].items():
         print(f"{LABELS[mode]:<32}not measured: {why}")
     verdicts = [f"{name} = {r['ratio']:.3f}" + (
@@ -264,7 +279,9 @@ def report(results):
         + f": {r['verdict']}" for name, r in ratios.items()]
     print(f"goal: hvdtrain / each other >= 1.0; {'; '.join(verdicts) or 'no ratio measured'}")
     print("CPU ms/step: one worker process's CPU time (all threads) per step, which depends "
-          "less than examples/s on other load on the machine; lower is better")
+          "less than examples/s on other load on the machine; lower is better. Split by "
+          "threads: TensorFlow's op threads / the main thread / the rest (the collectives' "
+          "engine and transport, tf.data)")
     print(f"wall time {results['wall_seconds']:.0f} s. JSON: {FLAGS.output}, chart: "
           f"{pathlib.Path(FLAGS.output).with_suffix('.png')}")
 

@@ -2,16 +2,20 @@
 timing, trained with `model.fit` by one of the contenders:
 
   hvdtrain         Keras 3, hvdtrain.DistributedOptimizer (under horovodrun)
+  horovod_ops      Keras 3, a train_step of its own that averages the gradients
+                   with one horovod.tensorflow.grouped_allreduce (under horovodrun):
+                   Horovod's engine alone, what hvdtrain is built on
   mwms             Keras 3, tf.distribute.MultiWorkerMirroredStrategy (TF_CONFIG)
   horovod_keras2   tf.keras 2 (TensorFlow 2.15), horovod.tensorflow.keras (under horovodrun)
 
 It also runs in the Keras 2 environment, so it imports only TensorFlow,
 Keras, Horovod, NumPy, absl and bench/small_cnn.py at the top, and only APIs
 that Keras 2.15 and Keras 3 share. Each rank writes its window rates, the CPU time its process
-(all threads) spent per step in them, and a checksum of its final weights to
-`<output>.rank<N>.json`.
+(all threads) spent per step in them, split by what its threads do, and a
+checksum of its final weights to `<output>.rank<N>.json`.
 """
 
+import collections
 import json
 import os
 import time
@@ -23,7 +27,8 @@ from absl import app, flags
 
 from small_cnn import small_cnn
 
-flags.DEFINE_enum("mode", None, ["hvdtrain", "mwms", "horovod_keras2"], "The contender.")
+flags.DEFINE_enum("mode", None, ["hvdtrain", "horovod_ops", "mwms", "horovod_keras2"],
+                  "The contender.")
 flags.DEFINE_integer("batch_size", 64, "Examples per worker and step.")
 flags.DEFINE_integer("warmup_steps", 10, "Steps left out at the start of the fit.")
 flags.DEFINE_integer("window_steps", 10, "Steps per timed window.")
@@ -32,6 +37,30 @@ flags.DEFINE_integer("examples", 1024, "Size of the fixed random data set.")
 flags.DEFINE_string("output", None, "Prefix of the per-rank JSON files.")
 flags.mark_flags_as_required(["mode", "output"])
 FLAGS = flags.FLAGS
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_thread_kind():
+    """CPU seconds this process's threads have used, by kind: "compute"
+    (TensorFlow's op threads, tf_Compute), "python" (the main thread: Keras
+    and the step's dispatch), "other" (the rest: Horovod's background thread
+    and Gloo's or MPI's, MultiWorkerMirroredStrategy's collective and gRPC
+    threads, tf.data's)."""
+    used = collections.Counter()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as stat:
+                text = stat.read()
+        except OSError:   # the thread ended
+            continue
+        name = text[text.index("(") + 1:text.rindex(")")]
+        fields = text[text.rindex(")") + 2:].split()   # utime and stime: fields 14 and 15
+        kind = ("python" if int(tid) == os.getpid() else
+                "compute" if name.startswith("tf_Compute") else "other")
+        used[kind] += (int(fields[11]) + int(fields[12])) / _TICKS
+    return used
 
 
 class WindowTimer(keras.callbacks.Callback):
@@ -48,6 +77,7 @@ class WindowTimer(keras.callbacks.Callback):
         self.window_steps = window_steps
         self.rates = []
         self.cpu_per_step = []
+        self.cpu_by_kind = collections.Counter()   # seconds over all windows
         self._steps = 0
         self._window_start = None
         self._window_cpu = None
@@ -57,6 +87,7 @@ class WindowTimer(keras.callbacks.Callback):
         if self._steps >= self.warmup_steps and self._window_start is None:
             self._window_start, self._in_window = time.perf_counter(), 0
             self._window_cpu = time.process_time()
+            self._window_kinds = cpu_by_thread_kind()
 
     def on_train_batch_end(self, batch, logs=None):
         self._steps += 1
@@ -68,6 +99,8 @@ class WindowTimer(keras.callbacks.Callback):
             seconds = time.perf_counter() - self._window_start
             self.rates.append(self.window_steps * self.batch_size / seconds)
             self.cpu_per_step.append((time.process_time() - self._window_cpu) / self.window_steps)
+            self.cpu_by_kind.update(cpu_by_thread_kind())
+            self.cpu_by_kind.subtract(self._window_kinds)
             self._window_start = None
 
 
@@ -104,6 +137,28 @@ def hvdtrain_setup():
     model = compile_model(build_model(), hvdtrain.DistributedOptimizer(sgd()))
     return (hvdtrain.rank(), model, dataset(FLAGS.batch_size),
             [hvdtrain.callbacks.BroadcastInitialState(0)])
+
+
+def horovod_ops_setup():
+    import horovod.tensorflow as hvd
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    hvd.init()
+
+    class Averaged(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True))
+            variables = self.trainable_variables
+            grads = hvd.grouped_allreduce(tape.gradient(loss, variables), op=hvd.Average)
+            self.optimizer.apply(grads, variables)
+            return {"loss": loss}
+
+    # Every rank starts from the same weights: the seed is the same.
+    plain = build_model()
+    model = compile_model(Averaged(plain.inputs, plain.outputs), sgd())
+    return hvd.rank(), model, dataset(FLAGS.batch_size), []
 
 
 def horovod_keras2_setup():
@@ -146,7 +201,7 @@ def mwms_setup():
 
 
 def main(argv):
-    setup = {"hvdtrain": hvdtrain_setup, "mwms": mwms_setup,
+    setup = {"hvdtrain": hvdtrain_setup, "horovod_ops": horovod_ops_setup, "mwms": mwms_setup,
              "horovod_keras2": horovod_keras2_setup}[FLAGS.mode]
     rank, model, data, callbacks = setup()
     timer = WindowTimer(FLAGS.batch_size, FLAGS.warmup_steps, FLAGS.window_steps)
@@ -156,7 +211,10 @@ def main(argv):
     with open(f"{FLAGS.output}.rank{rank}.json", "w") as out:
         # Equal on every rank only if the contender really trained data-parallel.
         checksum = float(sum(np.sum(w, dtype=np.float64) for w in model.get_weights()))
+        timed_steps = len(timer.rates) * FLAGS.window_steps
         json.dump({"rates": timer.rates, "cpu_per_step": timer.cpu_per_step,
+                   "cpu_per_step_by_kind": {kind: seconds / max(1, timed_steps)
+                                            for kind, seconds in timer.cpu_by_kind.items()},
                    "weights_checksum": checksum,
                    "tensorflow": tf.__version__, "keras": keras.__version__}, out)
 
