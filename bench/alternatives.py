@@ -22,7 +22,8 @@ run). Each worker also records its process's CPU time per step, which
 depends less than the rate on other load, and how its threads split it:
 TensorFlow's op threads (compute), the main thread (python), the rest
 (other: Horovod's background thread and its controller's, or the
-strategy's collective and gRPC threads). Runs are interleaved in rounds,
+strategy's collective and gRPC threads); TensorFlow 2.15 names no thread,
+so the Keras 2 contender's is not split. Runs are interleaved in rounds,
 the order rotated each round (A B C, B C A, ...), so that drift on a busy
 machine hits all alike. The report gives each contender's median over
 rounds, and hvdtrain / each other as the geometric mean of the rounds'
@@ -205,8 +206,9 @@ def run_once(mode, scratch, round_index):
         raise RunFailed(f"{mode} timed no window: raise --windows or lower --warmup_steps")
     totals = [sum(r["rates"][w] for r in ranks) for w in range(windows)]
     cpu_ms = [1000 * statistics.fmean(r["cpu_per_step"][w] for r in ranks) for w in range(windows)]
-    kinds = {kind: 1000 * statistics.fmean(r["cpu_per_step_by_kind"].get(kind, 0.0) for r in ranks)
-             for kind in THREAD_KINDS}
+    kinds = None if any(r["cpu_per_step_by_kind"] is None for r in ranks) else {
+        kind: 1000 * statistics.fmean(r["cpu_per_step_by_kind"].get(kind, 0.0) for r in ranks)
+        for kind in THREAD_KINDS}
     return {"cpu_ms_per_step_by_kind": kinds, "examples_per_second": statistics.median(totals), "window_totals": totals,
             "cpu_ms_per_step": statistics.median(cpu_ms),
             "wall_seconds": seconds, "versions": {k: ranks[0][k] for k in ("tensorflow", "keras")}}
@@ -237,8 +239,10 @@ def summarize(runs, missing):
         contenders[mode] = {"examples_per_second": median, "per_worker": median / WORKERS,
                             "cpu_ms_per_step": statistics.median(
                                 r["cpu_ms_per_step"] for r in rounds),
-                            "cpu_ms_per_step_by_kind": {kind: statistics.median(
-                                r["cpu_ms_per_step_by_kind"][kind] for r in rounds)
+                            "cpu_ms_per_step_by_kind": None if any(
+                                r["cpu_ms_per_step_by_kind"] is None for r in rounds) else {
+                                kind: statistics.median(
+                                    r["cpu_ms_per_step_by_kind"][kind] for r in rounds)
                                 for kind in THREAD_KINDS},
                             "versions": rounds[0]["versions"], "rounds": rounds}
     ratios = {}
@@ -257,6 +261,11 @@ def summarize(runs, missing):
                       "model": "4 conv + 2 dense CNN on 32x32x3"}}
 
 
+def _split(kinds):
+    """compute/python/other ms, or why not (TensorFlow before 2.16 names no thread)."""
+    return "unnamed threads" if kinds is None else "/".join(f"{v:.1f}" for v in kinds.values())
+
+
 def report(results):
     contenders, ratios = results["contenders"], results["ratios"]
     print(f"training throughput, np={WORKERS} x 1 intra-op thread, batch {FLAGS.batch_size} per "
@@ -271,7 +280,7 @@ def report(results):
         print(f"{LABELS[mode]:<32}{versions:<25}{c['examples_per_second']:>11.1f}"
               f"{f'{min(rates):.0f}-{max(rates):.0f}':>12}{c['per_worker']:>11.1f}"
               f"{'' if ratio is None else f'{ratio:.3f}':>15}{c['cpu_ms_per_step']:>13.0f}"
-              f"{'/'.join(f'{v:.1f}' for v in c['cpu_ms_per_step_by_kind'].values()):>22}")
+              f"{_split(c['cpu_ms_per_step_by_kind']):>22}")
     for mode, why in results["missing"].items():
         print(f"{LABELS[mode]:<32}not measured: {why}")
     verdicts = [f"{name} = {r['ratio']:.3f}" + (

@@ -47,7 +47,8 @@ def cpu_by_thread_kind():
     (TensorFlow's op threads, tf_Compute), "python" (the main thread: Keras
     and the step's dispatch), "other" (the rest: Horovod's background thread
     and Gloo's or MPI's, MultiWorkerMirroredStrategy's collective and gRPC
-    threads, tf.data's)."""
+    threads, tf.data's). TensorFlow before 2.16 does not name its threads:
+    there, no thread is "compute"."""
     used = collections.Counter()
     for tid in os.listdir("/proc/self/task"):
         try:
@@ -214,7 +215,8 @@ def main(argv):
         timed_steps = len(timer.rates) * FLAGS.window_steps
         json.dump({"rates": timer.rates, "cpu_per_step": timer.cpu_per_step,
                    "cpu_per_step_by_kind": {kind: seconds / max(1, timed_steps)
-                                            for kind, seconds in timer.cpu_by_kind.items()},
+                                            for kind, seconds in timer.cpu_by_kind.items()}
+                   if timer.cpu_by_kind["compute"] else None,   # None: threads not named
                    "weights_checksum": checksum,
                    "tensorflow": tf.__version__, "keras": keras.__version__}, out)
 
