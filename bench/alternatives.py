@@ -1,6 +1,7 @@
 """hvdtrain against what users would pick instead, measured side by side.
 
-    python bench/alternatives.py [--contenders=hvdtrain,horovod_ops,mwms,horovod_keras2] [--rounds=3]
+    python bench/alternatives.py [--contenders=hvdtrain,horovod_ops,mwms,horovod_keras2]
+                                 [--rounds=3]
 
 Trains the same small CNN on the same fixed random 32x32x3 data, with SGD
 momentum, a batch of 64 per worker, 2 processes with one intra-op thread
@@ -206,12 +207,19 @@ def run_once(mode, scratch, round_index):
         raise RunFailed(f"{mode} timed no window: raise --windows or lower --warmup_steps")
     totals = [sum(r["rates"][w] for r in ranks) for w in range(windows)]
     cpu_ms = [1000 * statistics.fmean(r["cpu_per_step"][w] for r in ranks) for w in range(windows)]
-    kinds = None if any(r["cpu_per_step_by_kind"] is None for r in ranks) else {
-        kind: 1000 * statistics.fmean(r["cpu_per_step_by_kind"].get(kind, 0.0) for r in ranks)
-        for kind in THREAD_KINDS}
-    return {"cpu_ms_per_step_by_kind": kinds, "examples_per_second": statistics.median(totals), "window_totals": totals,
+    return {"examples_per_second": statistics.median(totals), "window_totals": totals,
             "cpu_ms_per_step": statistics.median(cpu_ms),
+            "cpu_ms_per_step_by_kind": by_kind([r["cpu_per_step_by_kind"] for r in ranks],
+                                               lambda s: 1000 * statistics.fmean(s)),
             "wall_seconds": seconds, "versions": {k: ranks[0][k] for k in ("tensorflow", "keras")}}
+
+
+def by_kind(splits, combine):
+    """{thread kind: `combine` of the `splits`' CPU times of that kind}, or
+    None if any split is (a TensorFlow that names no thread)."""
+    if any(split is None for split in splits):
+        return None
+    return {kind: combine([split.get(kind, 0.0) for split in splits]) for kind in THREAD_KINDS}
 
 
 def paired_ratio(ours, theirs):
@@ -239,11 +247,9 @@ def summarize(runs, missing):
         contenders[mode] = {"examples_per_second": median, "per_worker": median / WORKERS,
                             "cpu_ms_per_step": statistics.median(
                                 r["cpu_ms_per_step"] for r in rounds),
-                            "cpu_ms_per_step_by_kind": None if any(
-                                r["cpu_ms_per_step_by_kind"] is None for r in rounds) else {
-                                kind: statistics.median(
-                                    r["cpu_ms_per_step_by_kind"][kind] for r in rounds)
-                                for kind in THREAD_KINDS},
+                            "cpu_ms_per_step_by_kind": by_kind(
+                                [r["cpu_ms_per_step_by_kind"] for r in rounds],
+                                statistics.median),
                             "versions": rounds[0]["versions"], "rounds": rounds}
     ratios = {}
     if "hvdtrain" in runs:

@@ -82,6 +82,7 @@ class WindowTimer(keras.callbacks.Callback):
         self._steps = 0
         self._window_start = None
         self._window_cpu = None
+        self._window_kinds = None
         self._in_window = 0
 
     def on_train_batch_begin(self, batch, logs=None):

@@ -24,8 +24,8 @@ from hvdtrain.errors import UsageError
 from hvdtrain.faults import departures, launcher_watch, unread_output, watchdog
 from hvdtrain.faults.board import Board, open_for_run
 
-__all__ = ["barrier", "choose_mpi_wait", "default_intra_op_threads", "device_name", "gpu_index", "init",
-           "is_main_process", "leave_together", "local_rank", "local_size",
+__all__ = ["barrier", "choose_mpi_wait", "default_intra_op_threads", "device_name", "gpu_index",
+           "init", "is_main_process", "leave_together", "local_rank", "local_size",
            "main_process_first", "pin_gpu", "precision_warning", "rank", "set_log_verbosity",
            "size", "stop_watching"]
 
@@ -150,10 +150,11 @@ def set_log_verbosity():
     logging.set_verbosity(logging.INFO if loud else logging.WARNING)
 
 
-def default_intra_op_threads():
-    """Host cores shared evenly by the Horovod processes on this host."""
+def default_intra_op_threads(local_size=None):
+    """Host cores shared evenly by the Horovod processes on this host
+    (`local_size` of them; None: Horovod's count, once it is started)."""
     cores = len(os.sched_getaffinity(0))
-    return max(1, cores // hvd.local_size())
+    return max(1, cores // (local_size or hvd.local_size()))
 
 
 def choose_mpi_wait(choice, intra_op_threads, local_size, cores):
@@ -162,9 +163,10 @@ def choose_mpi_wait(choice, intra_op_threads, local_size, cores):
     mpirun starts more ranks than slots): Horovod's background thread,
     waiting in a collective, spins on a core. That core is a worker's own
     once the local_size workers' compute threads and background threads
-    take every core, and polling there slows the step it waits for (bench/alternatives.py under MPI on 2
-    cores: 0.80 of MultiWorkerMirroredStrategy's rate polling, 1.10
-    yielding). `choice` "poll" or "yield" decides instead of "auto"."""
+    take every core, and polling there slows the step it waits for
+    (bench/alternatives.py under MPI on 2 cores: 0.80 of
+    MultiWorkerMirroredStrategy's rate polling, 1.14 yielding). `choice`
+    "poll" or "yield" decides instead of "auto"."""
     if choice != "auto":
         return choice
     return "poll" if local_size * (intra_op_threads + 1) <= cores else "yield"
@@ -180,7 +182,7 @@ def _set_mpi_wait(choice, intra_op_threads):
         return None
     cores = len(os.sched_getaffinity(0))
     local_size = int(local_size)
-    threads = intra_op_threads or max(1, cores // local_size)
+    threads = intra_op_threads or default_intra_op_threads(local_size)
     wait = choose_mpi_wait(choice, threads, local_size, cores)
     os.environ[_OPEN_MPI_YIELD] = "1" if wait == "yield" else "0"
     how = "yield their core" if wait == "yield" else "poll on a core"

@@ -90,19 +90,31 @@ def start_horovodrun(args, log, np=2, controller="gloo", env=None):
                  log, env)
 
 
+def running(marker):
+    """The pids of the processes running whose command line holds `marker`
+    (a rank, or the mpirun left writing their output after horovodrun's
+    shell died)."""
+    found = []
+    for proc in pathlib.Path("/proc").iterdir():
+        try:
+            if marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def rank_pid(rank, marker):
     """The pid of Horovod rank `rank` among the processes whose command line
     contains `marker`."""
-    for proc in pathlib.Path("/proc").iterdir():
+    for pid in running(marker):
         try:
-            if marker not in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                continue
-            environ = dict(line.split("=", 1) for line in (proc / "environ").read_bytes()
-                           .decode(errors="replace").split("\0") if "=" in line)
+            environ = dict(line.split("=", 1) for line in pathlib.Path(f"/proc/{pid}/environ")
+                           .read_bytes().decode(errors="replace").split("\0") if "=" in line)
         except (OSError, ValueError):
             continue
         if environ.get("HOROVOD_RANK", environ.get("OMPI_COMM_WORLD_RANK")) == str(rank):
-            return int(proc.name)
+            return pid
     raise LookupError(f"no rank {rank} running with {marker}")
 
 

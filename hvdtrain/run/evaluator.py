@@ -39,8 +39,8 @@ VALIDATION = "validation"   # the split training validates on (Recipe.load_data)
 # The settings evaluating may change; the others (the model, the optimizer,
 # the precision) are the run's own.
 CHANGEABLE = ("batch_size", "data_dir", "intra_op_threads", "inter_op_threads", "mpi_wait",
-              "model_dir", "pipeline_parallel", "microbatches", "pipeline_schedule", "tensor_parallel",
-              "verbose_all_ranks")
+              "model_dir", "pipeline_parallel", "microbatches", "pipeline_schedule",
+              "tensor_parallel", "verbose_all_ranks")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -184,10 +184,10 @@ def _cpu_model():
 
 
 def _threads():
-    from hvdtrain.runtime import choose_mpi_wait
+    from hvdtrain.runtime import choose_mpi_wait, default_intra_op_threads
 
     cores = len(os.sched_getaffinity(0))
-    threads = max(1, cores // 2)
+    threads = default_intra_op_threads(local_size=2)
     return [("cores available", str(cores)),
             ("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "unset")),
             ("intra-op threads", f"cores / processes on the host (2 processes: {threads} "

@@ -15,14 +15,13 @@ ranks are done): here each run is a launch of its own, to its end.
 """
 
 import json
-import pathlib
 import re
 
 import keras
 import numpy as np
 import pytest
 
-from launch import REPO, horovodrun, rank_lines, start_horovodrun
+from launch import REPO, horovodrun, rank_lines, running, start_horovodrun
 
 FAULTS = REPO / "tests" / "recipes" / "faults.py"
 
@@ -52,18 +51,6 @@ def _run(np_, args, timeout):
     return output
 
 
-def _left_behind(marker):
-    """The processes still running whose command line holds `marker`."""
-    found = []
-    for proc in pathlib.Path("/proc").iterdir():
-        try:
-            if marker in (proc / "cmdline").read_bytes().decode(errors="replace"):
-                found.append(int(proc.name))
-        except (OSError, ValueError):
-            continue
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("composition", COMPOSITIONS, ids=list(COMPOSITIONS))
@@ -74,12 +61,12 @@ def test_each_composition_trains_evaluates_and_exports_to_the_exit_of_every_rank
     data = [f"--data_dir={tmp_path / 'data'}"]
     trained = _run(workers, ["hvdtrain", "train", f"--model_dir={model_dir}", *flags,
                              *ONE_THREAD, *data], timeout=480)
-    assert not _left_behind(str(model_dir))
+    assert not running(str(model_dir))
     reported = float(re.findall(r"val_loss: ([\d.]+)", trained)[-1])
 
     _run(workers, ["hvdtrain", "evaluate", f"--model_dir={model_dir}", "--intra_op_threads=1",
                    *data], timeout=300)
-    assert not _left_behind(str(model_dir))
+    assert not running(str(model_dir))
     evaluated = json.loads((model_dir / "evaluation-validation.json").read_text())["metrics"]
     assert evaluated["loss"] == pytest.approx(reported, abs=1e-4)
 
@@ -137,7 +124,7 @@ def test_a_rank_that_fails_or_hangs_at_a_composition_is_named_and_ends_every_ran
         status = job.wait(timeout=300)
         outputs[fault] = output = (run_dir / "log").read_text()
         assert status != 0 and "Traceback" not in output, output[-4000:]
-        assert not _left_behind(str(run_dir / "run")), fault
+        assert not running(str(run_dir / "run")), fault
 
     errors = {rank: text for rank, text in rank_lines(outputs["nan"])
               if "hvdtrain: error:" in text}

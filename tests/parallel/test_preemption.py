@@ -14,8 +14,8 @@ import pytest
 
 from hvdtrain.faults.preemption import EXIT_STATUS
 from hvdtrain.state import checkpoint
-from launch import (REPO, horovodrun, rank_lines, rank_pid, run, start, start_horovodrun,
-                    wait_until, worker)
+from launch import (REPO, horovodrun, rank_lines, rank_pid, run, running, start,
+                    start_horovodrun, wait_until, worker)
 from parallel.interrupted_runs import DIGITS
 from run_checks import all_intact, ok, weights
 
@@ -172,7 +172,7 @@ def test_a_launcher_ended_by_any_signal_stops_every_rank_with_a_checkpoint_to_re
     # run first.
     for name, (job_dir, launcher, log) in jobs.items():
         launcher.wait(timeout=120)
-        assert wait_until(lambda: not _running(str(job_dir / "model")), 120), name
+        assert wait_until(lambda: not running(str(job_dir / "model")), 120), name
         output = log.read_text()
         assert "Traceback" not in output, (name, output[-3000:])
         # The stop's checkpoint: the newest, inside the second epoch (rank 1's
@@ -199,19 +199,6 @@ def test_a_launcher_ended_by_any_signal_stops_every_rank_with_a_checkpoint_to_re
         assert resume.wait(timeout=240) == 0, (job_dir / "resume.log").read_text()[-3000:]
         for a, b in zip(weights(reference), weights(job_dir / "model"), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
-
-
-def _running(marker):
-    """Whether a process whose command line holds `marker` runs (a rank, or
-    the mpirun left writing their output after horovodrun's shell died)."""
-    for proc in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{proc}/cmdline", "rb") as cmdline:
-                if marker.encode() in cmdline.read():
-                    return True
-        except OSError:
-            continue
-    return False
 
 
 def _validation_epochs_in_tensorboard(model_dir):

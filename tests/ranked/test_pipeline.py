@@ -14,8 +14,8 @@ in one process:
 - from the command line: the gpt recipe (its embedding tied across the
   first and last stages) pipelined at np=2 trains as one process and
   exports plain Keras (evaluating it at each composition, to the exit of
-  every process: tests/parallel/test_compositions.py); preempted, every stage stops at one step and
-  resumes bit-exactly; at np=4, T=2 x P=2 trains as one process and
+  every process: tests/parallel/test_compositions.py); preempted, every
+  stage stops at one step and resumes bit-exactly; at np=4, T=2 x P=2 trains as one process and
   resumes at D=2 x P=2; bad input ends every rank with one line.
 
 All cases run in the suite's shared launches (np=2 under both controllers,
