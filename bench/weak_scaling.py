@@ -52,8 +52,9 @@ flags.DEFINE_integer("mlp_width", 2048, "Width of the MLP's two hidden layers.")
 flags.DEFINE_integer("warmup_steps", 3, "Steps left out at the start of each model's fit.")
 flags.DEFINE_integer("window_steps", 10, "Steps per timed window.")
 flags.DEFINE_integer("windows", 8, "Timed windows per model and run.")
-flags.DEFINE_integer("allreduce_groups", 0, "As hvdtrain train's flag: 0, each gradient's "
-                     "allreduce starts when it is computed; N, the gradients in N groups.")
+flags.DEFINE_integer("allreduce_groups", None, "As hvdtrain train's flag: 0, each gradient's "
+                     "allreduce starts when it is computed; N, the gradients in N groups "
+                     "(default: hvdtrain's choice for this host).")
 flags.DEFINE_integer("allreduce_rounds", 10, "Rounds timing the allreduce of the gradient bytes.")
 flags.DEFINE_string("output", "runs/bench/weak_scaling.json", "The JSON; the PNG goes beside it.")
 flags.DEFINE_bool("worker", False, "Internal: run as one Horovod worker.")
@@ -116,7 +117,8 @@ def work():
         fit_callbacks = [meter, cpu]
         if FLAGS.exchange:
             optimizer = hvdtrain.DistributedOptimizer(
-                optimizer, groups=FLAGS.allreduce_groups or None)
+                optimizer, groups="auto" if FLAGS.allreduce_groups is None
+                else FLAGS.allreduce_groups or None)
             fit_callbacks.append(callbacks.BroadcastInitialState(0))
         model.compile(optimizer=optimizer,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -235,10 +237,14 @@ def summarize(rounds):
     return results
 
 
+def _groups_text(groups):
+    return {None: "hvdtrain's choice", 0: "none"}.get(groups, str(groups))
+
+
 def report(results, output):
     print(f"weak scaling np=1 -> np=2, {results['controller']}, batch {results['batch_per_worker']}"
-          f" per worker, allreduce groups {results['allreduce_groups'] or 'none'}, 1 intra-op and"
-          f" 1 inter-op thread per process (medians of "
+          f" per worker, allreduce groups {_groups_text(results['allreduce_groups'])},"
+          f" 1 intra-op and 1 inter-op thread per process (medians of "
           f"{FLAGS.rounds} rounds; alone: np=2 with no gradient exchange)")
     print(f"{'model':<6}{'params':>10}{'np=1 ex/s':>11}{'np=2 ex/s':>11}{'alone ex/s':>12}"
           f"{'np=1 step':>11}{'np=2 step':>11}{'efficiency':>12}{'ceiling':>9}"

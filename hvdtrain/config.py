@@ -196,10 +196,11 @@ class TrainConfig:
     # N groups are each negotiated and fused as one, started when the whole
     # group is ready: fewer collectives, which pays where communication shares
     # the CPU. 0 overlaps the allreduces with backprop: best on GPUs.
-    allreduce_groups: int = _number(
-        0, NON_NEGATIVE, "0: each gradient's allreduce starts as soon as it is computed "
+    allreduce_groups: int | None = _number(
+        None, NON_NEGATIVE, "0: each gradient's allreduce starts as soon as it is computed "
         "(Horovod fuses those ready together); N: the gradients in N groups, each reduced as "
-        "one when all of it is ready (fewer collectives; try 1 on CPUs).")
+        "one when all of it is ready (fewer collectives). Default: 0 on GPUs and where the "
+        "workers' threads (--intra_op_threads and Horovod's) leave a core free, else 1.")
     model_dir: str | None = _setting(
         None, "Where rank 0 writes checkpoints and the model (default runs/<recipe>).")
     resume: bool = _setting(

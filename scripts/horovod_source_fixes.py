@@ -70,6 +70,153 @@ GpuStreamHandle AsGpuStreamValue(Stream* stream);
      """    // Wait for records without spinning a core.
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
 """),
+    ("horovod/common/tensor_queue.h",
+     # The background thread waits for work instead of cycling while idle
+     # (operations.cc, below): how it learns of work...
+     "idle wait: work arriving is announced",
+     """namespace horovod {
+namespace common {
+
+class TensorQueue {
+""",
+     """namespace horovod {
+namespace common {
+
+// Work enqueued in any process set's queue, or a shutdown: a count that each
+// announcement raises, and a wait (at most `timeout`) until it differs from
+// the count `seen` that was read before looking at the queues.
+uint64_t WorkCount();
+void NotifyWork();
+void WaitForWorkAfter(uint64_t seen, std::chrono::milliseconds timeout);
+
+class TensorQueue {
+"""),
+    ("horovod/common/tensor_queue.h",
+     "idle wait: a queue tells it holds no tensor",
+     """  void RemoveJoinTensor();
+
+protected:
+""",
+     """  void RemoveJoinTensor();
+
+  // No tensor of this process waits in this queue for its collective.
+  bool IsIdle() const {
+    std::lock_guard<std::mutex> guard(mutex_);
+    return tensor_table_.empty() && message_queue_.empty();
+  }
+
+protected:
+"""),
+    ("horovod/common/tensor_queue.h",
+     "idle wait: the headers it needs",
+     """#include <queue>
+
+#include "common.h"
+""",
+     """#include <queue>
+#include <chrono>
+#include <condition_variable>
+
+#include "common.h"
+"""),
+    ("horovod/common/tensor_queue.cc",
+     "idle wait: the announcement",
+     """namespace common {
+
+// Add a TensorTableEntry""",
+     """namespace common {
+
+namespace {
+std::mutex work_mutex;
+std::condition_variable work_arrived;
+uint64_t work_count = 0;
+} // namespace
+
+uint64_t WorkCount() {
+  std::lock_guard<std::mutex> guard(work_mutex);
+  return work_count;
+}
+
+void NotifyWork() {
+  {
+    std::lock_guard<std::mutex> guard(work_mutex);
+    ++work_count;
+  }
+  work_arrived.notify_all();
+}
+
+void WaitForWorkAfter(uint64_t seen, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(work_mutex);
+  work_arrived.wait_for(lock, timeout, [seen] { return work_count != seen; });
+}
+
+// Add a TensorTableEntry"""),
+    ("horovod/common/tensor_queue.cc",
+     "idle wait: a tensor enqueued is announced",
+     """  tensor_table_.emplace(e.tensor_name, std::move(e));
+  message_queue_.push(std::move(message));
+  return Status::OK();
+""",
+     """  tensor_table_.emplace(e.tensor_name, std::move(e));
+  message_queue_.push(std::move(message));
+  NotifyWork();
+  return Status::OK();
+"""),
+    ("horovod/common/tensor_queue.cc",
+     "idle wait: a group of tensors enqueued is announced",
+     """    message_queue_.push(std::move(messages[i]));
+  }
+  return Status::OK();
+""",
+     """    message_queue_.push(std::move(messages[i]));
+  }
+  NotifyWork();
+  return Status::OK();
+"""),
+    ("horovod/common/operations.cc",
+     # Every cycle time (1 ms by default) the background thread coordinates
+     # with the other processes, work or not: under Gloo each such cycle is an
+     # allreduce over TCP, two thread wake-ups per process, taken from the
+     # compute threads of a CPU host that has no core to spare. While none of
+     # a process's tensors waits for a collective, no other process needs its
+     # cycles either (every collective needs every process's own request, and
+     # enqueueing that request wakes it), so it waits for work instead,
+     # cycling at least every 100 ms so that another process's shutdown and
+     # the stall checks still come through. Process sets that change at run
+     # time are registered outside the queues: with them it cycles as before.
+     "background thread: waits for work instead of cycling while idle",
+     """bool RunLoopOnce(HorovodGlobalState& state) {
+  // This delay determines thread frequency and communication message latency
+""",
+     """void WaitWhileIdle(HorovodGlobalState& state) {
+  if (state.dynamic_process_sets) {
+    return;
+  }
+  auto seen = WorkCount();
+  if (state.shut_down) {
+    return;
+  }
+  for (auto id : state.process_set_table.Ids()) {
+    if (!state.process_set_table.Get(id).tensor_queue.IsIdle()) {
+      return;
+    }
+  }
+  WaitForWorkAfter(seen, std::chrono::milliseconds(100));
+}
+
+bool RunLoopOnce(HorovodGlobalState& state) {
+  WaitWhileIdle(state);
+  // This delay determines thread frequency and communication message latency
+"""),
+    ("horovod/common/operations.cc",
+     "background thread: a shutdown ends its wait for work",
+     """    horovod_global.shut_down = true;
+    horovod_global.background_thread.join();
+""",
+     """    horovod_global.shut_down = true;
+    NotifyWork();
+    horovod_global.background_thread.join();
+"""),
     ("horovod/common/util.py",
      # horovodrun asks whether its extension was built with Gloo or MPI by
      # importing it (and so TensorFlow) in a new process: about 4 s of every

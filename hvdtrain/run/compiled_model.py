@@ -134,7 +134,7 @@ def compile_model(model, recipe, config):
         keras_optimizer(config, config.learning_rate * layout.data_size()),
         compression=getattr(Compression, config.compression),
         sparse_as_dense=config.sparse_as_dense,
-        groups=config.allreduce_groups or None,
+        groups="auto" if config.allreduce_groups is None else config.allreduce_groups or None,
         backward_passes_per_step=config.backward_passes_per_step,
         average_aggregated_gradients=True, process_set=layout.data_set())
     # A Metric class is made here: made at import, its variables would start

@@ -184,16 +184,21 @@ def _cpu_model():
 
 
 def _threads():
-    from hvdtrain.runtime import choose_mpi_wait, default_intra_op_threads
+    from hvdtrain.runtime import (choose_mpi_wait, communication_has_a_core,
+                                  default_intra_op_threads)
 
     cores = len(os.sched_getaffinity(0))
     threads = default_intra_op_threads(local_size=2)
+    groups = ("each allreduced as backprop makes it" if communication_has_a_core(threads, 2, cores)
+              else "in one group, once all are made")
     return [("cores available", str(cores)),
             ("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "unset")),
             ("intra-op threads", f"cores / processes on the host (2 processes: {threads} "
                                  "each); --intra_op_threads to set"),
             ("MPI ranks waiting", f"2 processes would {choose_mpi_wait('auto', threads, 2, cores)}"
-                                  " (--mpi_wait=auto); --mpi_wait to set")]
+                                  " (--mpi_wait=auto); --mpi_wait to set"),
+            ("gradients (CPU)", f"2 processes would send them {groups}; "
+                                "--allreduce_groups to set")]
 
 
 def _config(config_file):

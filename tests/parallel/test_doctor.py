@@ -21,6 +21,10 @@ def test_doctor_reports_versions_build_config_and_a_correct_allreduce():
     assert re.search(r"^  CPU:0 +\S", report, re.MULTILINE)
     assert re.search(r"^  file +\S*horovodrun\.cfg \(valid\)$", report, re.MULTILINE)
     assert re.search(r"^  fusion_threshold_mb +64$", report, re.MULTILINE)
+    # The default threads (cores / 2 each) and a Horovod thread each fill any host.
+    assert re.search(r"^  MPI ranks waiting +2 processes would yield", report, re.MULTILINE)
+    assert re.search(r"^  gradients \(CPU\) +2 processes would send them in one group",
+                     report, re.MULTILINE)
     # The CPU flavour on a machine without a GPU (the GPU flavour's report:
     # tests/gpu_flavour).
     assert re.search(r"^  NVIDIA driver +none on this machine$", report, re.MULTILINE)

@@ -95,3 +95,37 @@ def test_nothing_is_set_outside_open_mpis_mpirun(mpirun_on_2_cores, monkeypatch)
     monkeypatch.delenv("OMPI_COMM_WORLD_LOCAL_SIZE")
     assert runtime._set_mpi_wait("yield", 1) is None
     assert "OMPI_MCA_mpi_yield_when_idle" not in os.environ
+
+
+@pytest.mark.parametrize("gpus, threads, local_size, cores, overlap", [
+    (0, 1, 2, 2, False),    # 2 workers x (1 + Horovod's thread) on 2 cores: one group
+    (0, 0, 2, 8, False),    # TensorFlow's default threads take every core
+    (0, 1, 2, 4, True),     # a core for each worker's Horovod threads: overlap
+    (1, 0, 8, 8, True),     # on GPUs the exchange runs beside the compute
+])
+def test_gradients_overlap_backprop_where_the_exchange_has_room(
+        monkeypatch, gpus, threads, local_size, cores, overlap):
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    monkeypatch.setattr(tf.config, "list_logical_devices",
+                        lambda kind: [f"/device:GPU:{i}" for i in range(gpus)])
+    monkeypatch.setattr(tf.config.threading, "get_intra_op_parallelism_threads", lambda: threads)
+    monkeypatch.setattr(hvd, "local_size", lambda: local_size)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert runtime.gradients_overlap_backprop() is overlap
+
+
+@pytest.mark.parametrize("overlap, groups, num_groups, split", [
+    (True, "auto", 0, [[0], [1], [2]]),   # each gradient's allreduce as backprop makes it
+    (False, "auto", 0, [[0, 1, 2]]),      # all of them at once
+    (False, None, 0, [[0], [1], [2]]),    # Horovod's None, asked for by name
+    (True, "auto", 2, [[0], [1, 2]]),     # Horovod's older num_groups
+    (True, 3, 0, [[0], [1], [2]]),
+])
+def test_the_default_groups_follow_the_host(monkeypatch, overlap, groups, num_groups, split):
+    from hvdtrain.parallel.data.reduction import GradientReducer, chosen_groups
+
+    monkeypatch.setattr(runtime, "gradients_overlap_backprop", lambda: overlap)
+    reducer = GradientReducer(groups=chosen_groups(groups, num_groups))
+    assert reducer._split([0, 1, 2], None) == split

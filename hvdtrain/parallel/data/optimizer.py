@@ -47,7 +47,7 @@ import tensorflow as tf
 from hvdtrain.errors import UsageError
 from hvdtrain.parallel import sharding
 from hvdtrain.parallel.data.compression import Compression
-from hvdtrain.parallel.data.reduction import GradientReducer, LocalVariables
+from hvdtrain.parallel.data.reduction import GradientReducer, LocalVariables, chosen_groups
 from hvdtrain.parallel.embedding import sparse_updates
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "accumulated_only",
@@ -60,7 +60,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          compression=Compression.none, sparse_as_dense=False,
                          gradient_predivide_factor=1.0, op=hvd.Average,
                          backward_passes_per_step=1, average_aggregated_gradients=False,
-                         num_groups=0, groups=None, process_set=hvd.global_process_set,
+                         num_groups=0, groups="auto", process_set=hvd.global_process_set,
                          scale_local_gradients=True):
     """Makes a Keras 3 optimizer whose updates use gradients reduced over the processes.
 
@@ -100,13 +100,17 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             divide the accumulated gradients by `backward_passes_per_step`
             (one step on a larger batch); False sums them, as in Horovod.
         num_groups: Horovod's older name for an integer `groups`, used when
-            `groups` is None; 0: no explicit groups.
-        groups: None: each gradient has its own allreduce, started as soon
-            as it is computed, and Horovod fuses those that meet in a cycle
-            (with bf16 compression the dense ones form one buffer). A positive
-            integer: that many groups of consecutive gradients, each reduced
-            by one `hvd.grouped_allreduce`. A list of lists of variables:
-            each list is reduced together, every other variable alone.
+            `groups` is "auto" or None; 0: none given.
+        groups: "auto" (hvdtrain's default): None on GPUs and on CPU hosts
+            with a core for Horovod's threads, 1 where the workers' threads
+            fill the cores (`hvdtrain.runtime.gradients_overlap_backprop`).
+            None (Horovod's default): each gradient has its own allreduce,
+            started as soon as it is computed, and Horovod fuses those that
+            meet in a cycle (with bf16 compression the dense ones form one
+            buffer). A positive integer: that many groups of consecutive
+            gradients, each reduced by one `hvd.grouped_allreduce`. A list of
+            lists of variables: each list is reduced together, every other
+            variable alone.
         process_set: The Horovod process set to reduce over. A rank outside
             it applies its own gradients, as in Horovod.
         scale_local_gradients: Divide the gradients of local variables (see
@@ -141,7 +145,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     configure(distributed, GradientReducer(
         op=op, compression=compression, sparse_as_dense=sparse_as_dense,
         gradient_predivide_factor=gradient_predivide_factor,
-        groups=groups if groups is not None else (num_groups or None),
+        groups=chosen_groups(groups, num_groups),
         process_set=process_set, scale_local_gradients=scale_local_gradients),
         backward_passes_per_step, average_aggregated_gradients)
     if name:
@@ -151,7 +155,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
 
 def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="",  # noqa: N802
                                 compression=Compression.none, sparse_as_dense=False,
-                                gradient_predivide_factor=1.0, op=hvd.Average, groups=None,
+                                gradient_predivide_factor=1.0, op=hvd.Average, groups="auto",
                                 process_set=hvd.global_process_set, local_layers=None,
                                 scale_local_gradients=True):
     """Makes a DistributedOptimizer some of whose layers keep each rank's gradients.

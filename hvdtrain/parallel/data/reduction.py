@@ -23,11 +23,12 @@ import itertools
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from hvdtrain import runtime
 from hvdtrain.errors import UsageError
 from hvdtrain.parallel.collectives import root_name_scope
 from hvdtrain.parallel.data.compression import BF16Compressor, Compression
 
-__all__ = ["GradientReducer", "LocalVariables", "OPS"]
+__all__ = ["GradientReducer", "LocalVariables", "OPS", "chosen_groups"]
 
 OPS = {"average": hvd.Average, "sum": hvd.Sum, "adasum": hvd.Adasum}
 
@@ -59,6 +60,12 @@ class LocalVariables:
         return iter(self._variables.values())
 
 
+def chosen_groups(groups, num_groups):
+    """The groups Horovod's `groups` and older `num_groups` arguments ask
+    for: num_groups where groups is left to its default or None."""
+    return num_groups if num_groups and groups in (None, "auto") else groups
+
+
 @dataclasses.dataclass(frozen=True)
 class GradientReducer:
     """Horovod's gradient-reduction options, with their documented meaning.
@@ -68,9 +75,11 @@ class GradientReducer:
     sparse_as_dense: reduce IndexedSlices densely instead of allgathering them.
     gradient_predivide_factor: with Average, scale by 1/f before the sum and
       f/size after it (keeps fp16 sums of many ranks in range).
-    groups: None (no explicit groups: Horovod fuses dynamically), a number
-      of groups of consecutive gradients, or lists of variables reduced
-      together (every other variable then forms a group of its own).
+    groups: "auto" (1 where the workers' threads fill the host's cores,
+      else None: `runtime.gradients_overlap_backprop`), None (no explicit
+      groups: Horovod fuses dynamically), a number of groups of consecutive
+      gradients, or lists of variables reduced together (every other
+      variable then forms a group of its own).
     process_set: the processes to reduce over; a rank outside it keeps its
       own gradients, as in Horovod.
     scale_local_gradients: divide the gradients of local variables (see
@@ -81,7 +90,7 @@ class GradientReducer:
     compression: type = Compression.none
     sparse_as_dense: bool = False
     gradient_predivide_factor: float = 1.0
-    groups: object = None
+    groups: object = "auto"
     process_set: object = hvd.global_process_set
     scale_local_gradients: bool = True
 
@@ -94,9 +103,10 @@ class GradientReducer:
             raise UsageError("gradient_predivide_factor must be positive")
         if self.compression is BF16Compressor and self.op == hvd.Adasum:
             raise UsageError("bf16 compression supports op=hvd.Average and hvd.Sum, not Adasum")
-        if self.groups is not None and not isinstance(self.groups, list) and not (
+        if self.groups not in (None, "auto") and not isinstance(self.groups, list) and not (
                 isinstance(self.groups, int) and self.groups > 0):
-            raise UsageError("groups must be a positive number or a list of lists of variables")
+            raise UsageError("groups must be 'auto', None, a positive number or a list of "
+                             "lists of variables")
 
     def check_runtime(self):
         """Checks what depends on how Horovod was started (after hvd.init)."""
@@ -146,15 +156,18 @@ class GradientReducer:
         return f"hvdtrain.reducer{self._traced_number}"
 
     def _split(self, indices, variables):
-        if self.groups is None:
+        groups = self.groups
+        if groups == "auto":
+            groups = None if runtime.gradients_overlap_backprop() else 1
+        if groups is None:
             if self.compression is BF16Compressor:
                 return [indices] if indices else []  # one flat 16-bit buffer
             # Horovod's default: no explicit groups. Each gradient's allreduce
             # can start as soon as that gradient exists, overlapping the rest
             # of the backward pass, and Horovod fuses those that meet in a cycle.
             return [[i] for i in indices]
-        if isinstance(self.groups, int):
-            count = min(self.groups, len(indices))
+        if isinstance(groups, int):
+            count = min(groups, len(indices))
             return [indices[k * len(indices) // count:(k + 1) * len(indices) // count]
                     for k in range(count)]
         if variables is None:

@@ -14,7 +14,7 @@ inf/NaN are already reduced, so all ranks take the same decision.
 import horovod.tensorflow as hvd
 
 from hvdtrain.parallel.data.compression import Compression
-from hvdtrain.parallel.data.reduction import GradientReducer, LocalVariables
+from hvdtrain.parallel.data.reduction import GradientReducer, LocalVariables, chosen_groups
 
 __all__ = ["DistributedGradientTape"]
 
@@ -38,7 +38,7 @@ class DistributedGradientTape:
             `hvdtrain.DistributedOptimizer`.
         gradient_predivide_factor: As for `hvdtrain.DistributedOptimizer`.
         num_groups: Horovod's older name for an integer `groups`, used when
-            `groups` is None.
+            `groups` is "auto" or None.
         groups: As for `hvdtrain.DistributedOptimizer`.
         process_set: The Horovod process set to reduce over; a rank outside
             it gets its own gradients back.
@@ -52,13 +52,13 @@ class DistributedGradientTape:
 
     def __init__(self, gradtape, device_dense="", device_sparse="",
                  compression=Compression.none, sparse_as_dense=False, op=hvd.Average,
-                 gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                 gradient_predivide_factor=1.0, num_groups=0, groups="auto",
                  process_set=hvd.global_process_set, scale_local_gradients=True):
         self._tape = gradtape
         self._reducer = GradientReducer(
             op=op, compression=compression, sparse_as_dense=sparse_as_dense,
             gradient_predivide_factor=gradient_predivide_factor,
-            groups=groups if groups is not None else (num_groups or None),
+            groups=chosen_groups(groups, num_groups),
             process_set=process_set, scale_local_gradients=scale_local_gradients)
         self._local = LocalVariables()
 
