@@ -191,9 +191,9 @@ def gradients_overlap_backprop():
     of one grouped allreduce's rate, 10 ms more CPU a step)."""
     if tf.config.list_logical_devices("GPU"):
         return True
-    threads = (tf.config.threading.get_intra_op_parallelism_threads()
-               or len(os.sched_getaffinity(0)))
-    return communication_has_a_core(threads, hvd.local_size(), len(os.sched_getaffinity(0)))
+    cores = len(os.sched_getaffinity(0))
+    threads = tf.config.threading.get_intra_op_parallelism_threads() or cores
+    return communication_has_a_core(threads, hvd.local_size(), cores)
 
 
 def _set_mpi_wait(choice, intra_op_threads):
