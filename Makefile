@@ -37,13 +37,16 @@ demo-newest-python:
 # (how they share it: tests/harness/scheduling.py); TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 
-# The whole suite (its tiers: docs/testing.md), ending with its 20 slowest tests.
+# The linter (its rules: pyproject.toml), then the whole suite (its tiers:
+# docs/testing.md), ending with its 20 slowest tests.
 test: setup
+	ruff check
 	python -m pytest tests --ignore=tests/gpu_flavour -n $(TEST_WORKERS) --durations=20
 
 # The edit-test loop, in minutes: the unit and ranked tests not marked slow
 # (a recipe trained, tens of seconds), the ranked ones in one launch per controller.
 test-quick: setup
+	ruff check
 	python -m pytest tests/unit tests/ranked --ranked-np=2 -m "not slow" -n $(TEST_WORKERS) --durations=10
 
 # The GPU flavour (Horovod with NCCL, tensorflow[and-cuda]) built as on a GPU

@@ -65,7 +65,7 @@ def check_doctor():
     self_tests = {**report["allreduce self-test, 2 local processes"],
                   **report["NCCL self-test, one process per GPU"]}
     failed = [name for name, verdict in self_tests.items()
-              if not (verdict.startswith("correct") or verdict.startswith("skipped"))]
+              if not verdict.startswith(("correct", "skipped"))]
     problems = [f"{name} self-test: {self_tests[name]}" for name in failed]
     stack = report["GPU stack"]
     if not stack["NCCL operations"].startswith("built"):

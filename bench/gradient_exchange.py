@@ -29,9 +29,12 @@ import horovod_workers
 flags.DEFINE_list("controllers", ["gloo", "mpi"], "Horovod controllers to measure.")
 flags.DEFINE_integer("rounds", 30, "Interleaved timing rounds.")
 flags.DEFINE_integer("steps", 5, "Steps (or collectives) timed per round and kind.")
-flags.DEFINE_integer("groups", None, "DistributedOptimizer's groups (default: none, Horovod fuses).")
-flags.DEFINE_integer("width", 1024, "Width of the MLP's hidden layers (gradient size ~ 3 x width^2).")
-flags.DEFINE_string("output", "runs/bench/gradient_exchange.json", "Where rank 0 writes the results.")
+flags.DEFINE_integer("groups", None,
+                     "DistributedOptimizer's groups (default: none, Horovod fuses).")
+flags.DEFINE_integer("width", 1024,
+                     "Width of the MLP's hidden layers (gradient size ~ 3 x width^2).")
+flags.DEFINE_string("output", "runs/bench/gradient_exchange.json",
+                    "Where rank 0 writes the results.")
 flags.DEFINE_bool("worker", False, "Internal: run as one Horovod worker.")
 FLAGS = flags.FLAGS
 
@@ -122,10 +125,13 @@ def work():
         for kind, fn in kinds.items():
             samples[kind].append(timed(fn))
     medians = {f"{k}_ms": float(np.median(v)) for k, v in samples.items()}
-    def exchange(kind):
-        return float(np.median([s - l for s, l in zip(samples[kind], samples["local"])]))
 
-    result = {**medians, "exchange_ms": exchange("hvdtrain"), "raw_exchange_ms": exchange("raw_step"),
+    def exchange(kind):
+        return float(np.median([step - local
+                                for step, local in zip(samples[kind], samples["local"])]))
+
+    result = {**medians, "exchange_ms": exchange("hvdtrain"),
+              "raw_exchange_ms": exchange("raw_step"),
               "gradient_mb": sum(int(np.prod(t.shape)) for t in tensors) * 4 / 2**20,
               "rounds": FLAGS.rounds, "steps_per_round": FLAGS.steps, "samples_ms": samples}
     result["ratio"] = result["exchange_ms"] / result["raw_exchange_ms"]

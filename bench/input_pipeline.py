@@ -88,11 +88,11 @@ def work():
         stream = iter(dataset)
         model.fit(dataset, steps_per_epoch=2, epochs=1, verbose=0, shuffle=False)  # warm-up
 
-        def pipeline():
+        def pipeline(stream=stream):
             for _ in range(FLAGS.steps):
                 np.asarray(next(stream)[0])
 
-        def training():
+        def training(model=model, dataset=dataset):
             model.fit(dataset, steps_per_epoch=FLAGS.steps, epochs=1, verbose=0, shuffle=False)
 
         rates = {"pipeline": [], "training": []}

@@ -79,7 +79,8 @@ def work(scratch):
     import keras
 
     import hvdtrain
-    from hvdtrain import callbacks as hvdtrain_callbacks, recipe as recipe_lib
+    from hvdtrain import callbacks as hvdtrain_callbacks
+    from hvdtrain import recipe as recipe_lib
     from hvdtrain.run import compiled_model, learning_rate, trainer
 
     hvdtrain.init(intra_op_threads=FLAGS.intra_op_threads)

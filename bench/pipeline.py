@@ -137,6 +137,8 @@ def work(scratch):
         meter = callbacks.Throughput(share, FLAGS.warmup_steps, FLAGS.window_steps)
         return dict(model=model, kind=kind, batch=batch, meter=meter, x=x[data], y=y[data])
 
+    kept = []   # the models measured: freed later, not while the next is measured
+
     def state_bytes(pipelined):
         """The bytes of weights and AdamW state this rank holds, the whole
         model's or, pipelined, its stage's (the others' never made)."""
@@ -151,12 +153,11 @@ def work(scratch):
         optimizer = keras.optimizers.AdamW(1e-3)
         optimizer.build(model.trainable_variables)
         held = tf.config.experimental.get_memory_info("CPU:0")["current"] - before
-        kept.append((model, optimizer))   # freed later, not while the next is measured
+        kept.append((model, optimizer))
         return max(hvd.allgather_object(held))
 
-    kept = []
     state = {"data_parallel": state_bytes(False), "pipelined": state_bytes(True)}
-    del kept
+    kept.clear()
     runs = {name: build(name) for name in RUNS}
     peaks = {name: 0 for name in RUNS}
 

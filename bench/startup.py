@@ -106,7 +106,8 @@ def work():
     marks = {"launcher": process_start(), "python": time.time()}
     from unittest import mock
 
-    from hvdtrain import callbacks, recipe as recipe_lib, runtime
+    from hvdtrain import callbacks, runtime
+    from hvdtrain import recipe as recipe_lib
     from hvdtrain.run import trainer
 
     # As `hvdtrain train` does before training; this imports the recipe's module (TFDS) too.

@@ -86,12 +86,12 @@ def launch():
 def work(scratch):
     import keras
     import numpy as np
+    from hvdtrain.recipes import gpt
 
     import hvdtrain
     from hvdtrain import callbacks, layout
     from hvdtrain.parallel import sharding
     from hvdtrain.recipe import make_config
-    from hvdtrain.recipes import gpt
 
     hvdtrain.init(intra_op_threads=1, tensor_parallel=2, timeline=True)
     options = {name: getattr(FLAGS, name) for name in SIZES}

@@ -23,8 +23,8 @@ import typing
 
 from absl import app, flags, logging
 
-from hvdtrain import recipe as recipe_lib
 from hvdtrain import errors
+from hvdtrain import recipe as recipe_lib
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import TrainingError, UsageError
 from hvdtrain.faults import preemption
@@ -61,12 +61,23 @@ def _define_setting_flags():
 
 
 _define_setting_flags()
-flags.DEFINE_multi_string("option", [], "The recipe's own setting, NAME=VALUE; repeat for several (--helpshort --recipe=NAME lists them).")
-flags.DEFINE_bool("self_test", True, "doctor: run the 2-process allreduce self-test under each controller.")
-flags.DEFINE_bool("dry_run", False, "Check the flags and the recipe's settings, print them, and stop before training.")
-flags.DEFINE_string("checkpoint", "", "evaluate: a checkpoint of the run (its name under --model_dir/checkpoints, or its path) instead of the exported model.")
-flags.DEFINE_string("split", "validation", "evaluate: the split to evaluate on: validation (what training validated on), or another the recipe names (e.g. train).")
-flags.DEFINE_string("output", "", "evaluate: the JSON file to write the metrics to (default: --model_dir/evaluation-SPLIT[-CHECKPOINT].json).")
+flags.DEFINE_multi_string(
+    "option", [], "The recipe's own setting, NAME=VALUE; repeat for several "
+    "(--helpshort --recipe=NAME lists them).")
+flags.DEFINE_bool(
+    "self_test", True, "doctor: run the 2-process allreduce self-test under each controller.")
+flags.DEFINE_bool(
+    "dry_run", False, "Check the flags and the recipe's settings, print them, and stop before "
+    "training.")
+flags.DEFINE_string(
+    "checkpoint", "", "evaluate: a checkpoint of the run (its name under "
+    "--model_dir/checkpoints, or its path) instead of the exported model.")
+flags.DEFINE_string(
+    "split", "validation", "evaluate: the split to evaluate on: validation (what training "
+    "validated on), or another the recipe names (e.g. train).")
+flags.DEFINE_string(
+    "output", "", "evaluate: the JSON file to write the metrics to (default: "
+    "--model_dir/evaluation-SPLIT[-CHECKPOINT].json).")
 
 FLAGS = flags.FLAGS
 
@@ -122,7 +133,8 @@ def _main(argv):
             _report(rest)
             return
         if rest:
-            raise UsageError(f"unexpected arguments {' '.join(rest)}; flags take the form --name=value")
+            raise UsageError(f"unexpected arguments {' '.join(rest)}; flags take the form "
+                             "--name=value")
         if command == "evaluate":
             _evaluate()
             return

@@ -394,7 +394,7 @@ class TrainConfig:
                        "gradients, and ranks could decide differently; use "
                        "--precision=mixed_bfloat16")
         elif self.jit_compile:
-            from hvdtrain.parallel import sharding   # not at the top: before TensorFlow loads
+            from hvdtrain.parallel import sharding  # not at the top: before TensorFlow loads
             refused = sharding.NO_XLA_TENSOR_PARALLEL
         if refused:
             raise UsageError(f"--tensor_parallel={self.tensor_parallel}: {refused}")

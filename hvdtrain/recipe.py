@@ -8,12 +8,13 @@ recipe of the user's own from that file.
 """
 
 import dataclasses
-import math
 import importlib
 import importlib.util
+import math
 import pathlib
 import pkgutil
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hvdtrain.config import Range, TrainConfig
 from hvdtrain.errors import UsageError

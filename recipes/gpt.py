@@ -43,8 +43,13 @@ from absl import logging
 from hvdtrain.config import POSITIVE, Range
 from hvdtrain.data import from_arrays
 from hvdtrain.errors import UsageError
-from hvdtrain.layers import (ColumnParallelDense, ParallelMultiHeadAttention, RowParallelDense,
-                             VocabParallelEmbedding, VocabParallelSparseCategoricalCrossentropy)
+from hvdtrain.layers import (
+    ColumnParallelDense,
+    ParallelMultiHeadAttention,
+    RowParallelDense,
+    VocabParallelEmbedding,
+    VocabParallelSparseCategoricalCrossentropy,
+)
 from hvdtrain.recipe import Option, Recipe, Splits
 
 SYNTHETIC, SHAKESPEARE = "synthetic", "tiny_shakespeare"

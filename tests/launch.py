@@ -36,8 +36,8 @@ def environment(extra):
 def run(args, timeout=240, cwd=REPO, env=None):
     """Runs a command to completion (`env`: variables to add); a hang fails
     the test at `timeout`."""
-    return subprocess.run([str(a) for a in args], cwd=cwd, env=environment(env), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run([str(a) for a in args], cwd=cwd, env=environment(env),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def horovodrun(args, np=2, controller="gloo", timeout=240, cwd=REPO, env=None):

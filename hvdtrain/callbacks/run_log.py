@@ -76,7 +76,7 @@ class RunLog(keras.callbacks.Callback):
 
 
 def _now():
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def _measurement(measurement):

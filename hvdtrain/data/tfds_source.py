@@ -166,7 +166,8 @@ def _builder(name, data_dir, prepared=True):
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError:
-        raise UsageError(f"unknown TFDS dataset '{name}'; check the name (tfds.list_builders())")
+        raise UsageError(
+            f"unknown TFDS dataset '{name}'; check the name (tfds.list_builders())") from None
     if prepared and not builder.is_prepared():
         raise UsageError(f"TFDS dataset {name} is not prepared in {builder.data_dir}; prepare it "
                          "there first (tfds build --data_dir=...) or pass the right --data_dir")

@@ -12,22 +12,49 @@ no global variables, so `broadcast_global_variables` refuses (use
 depends on parallel, callbacks and state; only users' scripts depend on it.
 """
 
+import horovod.tensorflow as _hvd
 import keras
 import tensorflow as tf
 from horovod.tensorflow import (  # noqa: F401  (re-exported as Horovod's keras module does)
-    Adasum, Average, ProcessSet, Sum, add_process_set, ccl_built, cross_rank, cross_size,
-    cuda_built, ddl_built, global_process_set, gloo_built, gloo_enabled, is_initialized,
-    local_rank, local_size, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank,
-    remove_process_set, rocm_built, shutdown, size, start_timeline, stop_timeline)
+    Adasum,
+    Average,
+    ProcessSet,
+    Sum,
+    add_process_set,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    global_process_set,
+    gloo_built,
+    gloo_enabled,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    remove_process_set,
+    rocm_built,
+    shutdown,
+    size,
+    start_timeline,
+    stop_timeline,
+)
 
-import horovod.tensorflow as _hvd
 from hvdtrain import runtime
 from hvdtrain.errors import UsageError
 from hvdtrain.keras import callbacks, elastic  # noqa: F401
 from hvdtrain.parallel.collectives import broadcast_variables, root_name_scope  # noqa: F401
 from hvdtrain.parallel.data.compression import BF16Compressor, Compression
 from hvdtrain.parallel.data.optimizer import (  # noqa: F401
-    DistributedOptimizer, PartialDistributedOptimizer, make_distributed)
+    DistributedOptimizer,
+    PartialDistributedOptimizer,
+    make_distributed,
+)
 from hvdtrain.parallel.data.reduction import GradientReducer
 
 __all__ = [

@@ -7,8 +7,10 @@ from hvdtrain.parallel.sharding import replicated_copy
 from hvdtrain.parallel.tensor.attention import ParallelMultiHeadAttention
 from hvdtrain.parallel.tensor.dense import ColumnParallelDense, RowParallelDense
 from hvdtrain.parallel.tensor.embedding import VocabParallelEmbedding
-from hvdtrain.parallel.tensor.loss import (VocabParallelSparseCategoricalCrossentropy,
-                                           vocab_parallel_sparse_categorical_crossentropy)
+from hvdtrain.parallel.tensor.loss import (
+    VocabParallelSparseCategoricalCrossentropy,
+    vocab_parallel_sparse_categorical_crossentropy,
+)
 from hvdtrain.parallel.tensor.weights import set_whole_weights
 
 __all__ = ["ColumnParallelDense", "ParallelMultiHeadAttention", "RowParallelDense",

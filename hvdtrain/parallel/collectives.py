@@ -16,7 +16,8 @@ from hvdtrain import layout
 from hvdtrain.parallel import sharding
 
 __all__ = ["agree_on_max", "agree_on_min", "allreduce_scalars", "broadcast_over",
-           "broadcast_variables", "occurrence", "occurrence_tag", "raise_together", "root_name_scope"]
+           "broadcast_variables", "occurrence", "occurrence_tag", "raise_together",
+           "root_name_scope"]
 
 _occurrence = contextvars.ContextVar("occurrence", default="")
 

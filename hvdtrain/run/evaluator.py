@@ -89,8 +89,9 @@ def evaluate(config, split=VALIDATION, checkpoint_name=None, output=None, given=
 
     Raises:
         UsageError: On every rank, with one line: a setting given that
-            evaluating cannot change, no model or no such checkpoint, a damaged one, one of another recipe or that does not
-            fit the recipe's model, an unknown split, or bad data.
+            evaluating cannot change, no model or no such checkpoint, a
+            damaged one, one of another recipe or that does not fit the
+            recipe's model, an unknown split, or bad data.
     """
     given = _asked_for(config) if given is None else frozenset(given)
     model_dir = pathlib.Path(config.model_dir

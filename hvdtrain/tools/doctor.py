@@ -50,11 +50,12 @@ def sections(config_file=None, self_test=True):
 
 
 def _versions():
+    from importlib import metadata
+
     import horovod
     import keras
     import numpy as np
     import tensorflow as tf
-    from importlib import metadata
 
     return [("Python", platform.python_version()), ("TensorFlow", tf.__version__),
             ("Keras", keras.__version__), ("Horovod", horovod.__version__),
@@ -184,8 +185,7 @@ def _cpu_model():
 
 
 def _threads():
-    from hvdtrain.runtime import (choose_mpi_wait, communication_has_a_core,
-                                  default_intra_op_threads)
+    from hvdtrain.runtime import choose_mpi_wait, communication_has_a_core, default_intra_op_threads
 
     cores = len(os.sched_getaffinity(0))
     threads = default_intra_op_threads(local_size=2)

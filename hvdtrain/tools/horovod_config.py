@@ -109,7 +109,8 @@ def check(path):
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror}; check the path") from None
     except UnicodeDecodeError:
-        raise UsageError(f"{path} is not a text file; horovodrun's --config-file is YAML text") from None
+        raise UsageError(f"{path} is not a text file; horovodrun's --config-file is YAML "
+                         "text") from None
     except _DuplicateKey as e:
         raise UsageError(f"{path}: {e}") from None
     except yaml.YAMLError as e:

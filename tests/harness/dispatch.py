@@ -22,9 +22,9 @@ import pytest
 from _pytest.reports import TestReport
 
 from harness import launches
-from harness.reports import from_json
 from harness.fixtures import SESSION_DIR
 from harness.rank_plugin import RESULTS, timeout_note
+from harness.reports import from_json
 
 __all__ = ["CompleteLines", "Dispatcher"]
 

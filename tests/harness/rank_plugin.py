@@ -141,7 +141,8 @@ class RankPlugin:
         merged = outcomes.agreed([r["report"] for r in everyone])
         if strays:
             merged.update(outcome="failed", longrepr=(
-                f"the ranks ran different tests at #{self.seq}: {item.nodeid} and {sorted(strays)}"))
+                f"the ranks ran different tests at #{self.seq}: {item.nodeid} and "
+                f"{sorted(strays)}"))
         outcome.force_result(reports.from_json(self.config, merged))
 
     def pytest_runtest_logreport(self, report):

@@ -14,7 +14,8 @@ from launch import REPO, run
 
 def test_alternatives_reports_throughputs_and_ratio(tmp_path):
     output = tmp_path / "alternatives.json"
-    result = run([sys.executable, REPO / "bench" / "alternatives.py", "--contenders=hvdtrain,horovod_ops,mwms",
+    result = run([sys.executable, REPO / "bench" / "alternatives.py",
+                  "--contenders=hvdtrain,horovod_ops,mwms",
                   "--rounds=1", "--batch_size=16", "--examples=64", "--warmup_steps=2",
                   "--window_steps=2", "--windows=2", f"--output={output}"], timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -92,8 +92,9 @@ def _validation(flags, data_dir):
         split = tfds.as_numpy(digits.prepare(str(data_dir)).as_dataset("validation",
                                                                        batch_size=-1))
         return split["image"].astype("float32") / 255.0, split["label"]
-    from hvdtrain import recipe as recipe_lib
     from hvdtrain.recipes import gpt
+
+    from hvdtrain import recipe as recipe_lib
 
     config = recipe_lib.make_config("gpt", options=[f"{k}={v}" for k, v in options.items()])
     settings = config.options

@@ -42,5 +42,6 @@ def test_doctor_names_a_bad_config_file(tmp_path):
     bad.write_text("params:\n  fusion_treshold_mb: 64\n")
     result = run(["hvdtrain", "doctor", "--noself_test", bad], timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"^  problem +.*fusion_treshold_mb", result.stdout, re.MULTILINE), result.stdout
+    assert re.search(r"^  problem +.*fusion_treshold_mb", result.stdout,
+                     re.MULTILINE), result.stdout
     assert "self-test" not in result.stdout

@@ -110,7 +110,7 @@ def test_a_stage_that_fails_or_hangs_ends_every_stage_of_a_pipeline(tmp_path):
         jobs[fault] = log, start_horovodrun(
             _args(tmp_path / fault, "--pipeline_parallel=2", "--microbatches=2",
                   "--stall_timeout=6"), log, controller="gloo",
-            env=_fault(fault, **{"FAULT_RANK": rank}))
+            env=_fault(fault, FAULT_RANK=rank))
     results = {fault: subprocess.CompletedProcess(job.args, job.wait(timeout=120),
                                                   log.read_text(), "")
                for fault, (log, job) in jobs.items()}

@@ -14,8 +14,18 @@ import pytest
 
 from hvdtrain.faults.preemption import EXIT_STATUS
 from hvdtrain.state import checkpoint
-from launch import (REPO, horovodrun, rank_lines, rank_pid, run, running, start,
-                    start_horovodrun, wait_until, worker)
+from launch import (
+    REPO,
+    horovodrun,
+    rank_lines,
+    rank_pid,
+    run,
+    running,
+    start,
+    start_horovodrun,
+    wait_until,
+    worker,
+)
 from parallel.interrupted_runs import DIGITS
 from run_checks import all_intact, ok, weights
 
@@ -172,7 +182,7 @@ def test_a_launcher_ended_by_any_signal_stops_every_rank_with_a_checkpoint_to_re
     # run first.
     for name, (job_dir, launcher, log) in jobs.items():
         launcher.wait(timeout=120)
-        assert wait_until(lambda: not running(str(job_dir / "model")), 120), name
+        assert wait_until(lambda job_dir=job_dir: not running(str(job_dir / "model")), 120), name
         output = log.read_text()
         assert "Traceback" not in output, (name, output[-3000:])
         # The stop's checkpoint: the newest, inside the second epoch (rank 1's

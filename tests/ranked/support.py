@@ -14,10 +14,9 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from harness.fixtures import SESSION_DIR
 from hvdtrain import layout
 from hvdtrain.faults.preemption import Preempted
-
-from harness.fixtures import SESSION_DIR
 from launch import Finished
 
 __all__ = ["computed_once", "error_lines", "gathered", "merged", "on_rank_0",

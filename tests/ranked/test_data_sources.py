@@ -34,7 +34,7 @@ def test_tfrecord_files_are_read_whole_once_per_epoch(shared_tmp_path, read):
     # Rank 0 reads files 0, 2, 4 (36 records), rank 1 files 1, 3 (24): 6 batches of 4 each.
     assert rank0["steps"] == rank1["steps"] == 6
     assert rank0["dropped"] == 60 - 2 * 24 and rank0["examples"] == 60
-    files_of_rank0 = set(range(0, 10)) | set(range(21, 33)) | set(range(46, 60))
+    files_of_rank0 = set(range(10)) | set(range(21, 33)) | set(range(46, 60))
     for epoch in (0, 1):
         ids0, ids1 = rank0["epochs"][epoch], rank1["epochs"][epoch]
         assert len(ids0) == len(set(ids0)) == len(ids1) == len(set(ids1)) == 24

@@ -31,14 +31,20 @@ import numpy as np
 import pytest
 
 from hvdtrain import callbacks, layout
-from hvdtrain.state import checkpoint
 from hvdtrain.layers import ColumnParallelDense, RowParallelDense, set_whole_weights
 from hvdtrain.parallel import collectives, pipeline, sharding
 from hvdtrain.parallel.data.optimizer import DistributedOptimizer
 from hvdtrain.parallel.pipeline import stage_weights
+from hvdtrain.state import checkpoint
 from launch import horovodrun, hvdtrain_command
-from ranked.support import (computed_once, gathered, merged, refused_on_every_rank,
-                            replica_rows, stopped_in_the_second_epoch)
+from ranked.support import (
+    computed_once,
+    gathered,
+    merged,
+    refused_on_every_rank,
+    replica_rows,
+    stopped_in_the_second_epoch,
+)
 
 BATCH, STEPS, MICROBATCHES, WIDTH = 8, 5, 4, 6
 

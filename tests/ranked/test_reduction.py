@@ -21,9 +21,12 @@ def variant(name, **changes):
 # name: (the variant at np=2, its single-process reference, tolerance: rtol on the update)
 CASES = {
     "average": (variant("average"), variant("average"), 1e-5),
-    "sum is size x average": (variant("sum", options={"op": "sum"}), variant("lr_x2", lr=1.0), 1e-5),
-    "fp16 compression": (variant("fp16", options={"compression": "fp16"}), variant("average"), 2e-3),
-    "bf16 compression": (variant("bf16", options={"compression": "bf16"}), variant("average"), 2e-2),
+    "sum is size x average": (variant("sum", options={"op": "sum"}), variant("lr_x2", lr=1.0),
+                              1e-5),
+    "fp16 compression": (variant("fp16", options={"compression": "fp16"}), variant("average"),
+                         2e-3),
+    "bf16 compression": (variant("bf16", options={"compression": "bf16"}), variant("average"),
+                         2e-2),
     "predivide factor": (variant("predivide", options={"gradient_predivide_factor": 2.0}),
                          variant("average"), 1e-5),
     "two groups": (variant("groups2", options={"groups": 2}), variant("average"), 1e-5),
@@ -42,7 +45,8 @@ CASES = {
         variant("embedding", model="embedding"), 1e-5),
     "gradient tape": (variant("tape", loop="tape"), variant("average"), 1e-5),
     "gradient tape, sparse, fp16": (
-        variant("tape_sparse_fp16", loop="tape", model="embedding", options={"compression": "fp16"}),
+        variant("tape_sparse_fp16", loop="tape", model="embedding",
+                options={"compression": "fp16"}),
         variant("embedding", model="embedding"), 2e-3),
 }
 # Compression must really happen: these differ from the exact update.
@@ -81,7 +85,8 @@ def test_np2_equals_single_process_reference(case, references):
         np.testing.assert_allclose(got - init, want - init, rtol=rtol,
                                    atol=rtol * np.abs(want - init).max())
     if case in LOSSY:
-        assert any(not np.allclose(got, want, rtol=1e-6, atol=0) for got, want in zip(after, expected))
+        assert any(not np.allclose(got, want, rtol=1e-6, atol=0)
+                   for got, want in zip(after, expected))
 
 
 @pytest.mark.launches(controllers=("gloo",))
@@ -108,8 +113,8 @@ def test_own_process_sets_train_each_rank_on_its_shard(tmp_path):
 def test_ranks_whose_layers_are_named_differently_train_together(shared_tmp_path, capsys):
     # Rank 1's auto-generated layer names are shifted by a throwaway layer;
     # then Horovod's load_model test (rank 0 loads the model it saved, the
-    # others build a new one) twice in one process; two optimizers in one step. Collectives named after
-    # layers would block every rank, ones named alike would collide.
+    # others build a new one) twice in one process; two optimizers in one step.
+    # Collectives named after layers would block every rank, ones named alike would collide.
     rank_names.extra_layer()
     rank_names.load_twice(shared_tmp_path)
     rank_names.two_optimizers()

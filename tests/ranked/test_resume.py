@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import run_checks
 from hvdtrain.state import checkpoint
 from launch import REPO, hvdtrain_command, run
 from ranked.support import gathered, on_rank_0
-import run_checks
 from run_checks import all_intact, final_accuracy
 
 # As they ran under `horovodrun` (Gloo) before: Gloo only. Each trains a recipe.

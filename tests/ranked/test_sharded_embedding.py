@@ -77,7 +77,6 @@ def train(capfd, model_dir, *args, np=2):
 
 def exported(model_dir):
     import keras
-
     from hvdtrain.recipes import wide_and_deep  # noqa: F401  (registers its layers)
 
     return keras.saving.load_model(model_dir / "model.keras", compile=False)

@@ -30,15 +30,26 @@ import pytest
 import tensorflow as tf
 
 from hvdtrain import layout
-from hvdtrain.layers import (ColumnParallelDense, ParallelMultiHeadAttention, RowParallelDense,
-                             VocabParallelEmbedding, VocabParallelSparseCategoricalCrossentropy,
-                             set_whole_weights)
+from hvdtrain.layers import (
+    ColumnParallelDense,
+    ParallelMultiHeadAttention,
+    RowParallelDense,
+    VocabParallelEmbedding,
+    VocabParallelSparseCategoricalCrossentropy,
+    set_whole_weights,
+)
 from hvdtrain.parallel import sharding
 from hvdtrain.parallel.data.optimizer import DistributedOptimizer
 from hvdtrain.parallel.tensor import operators
 from launch import horovodrun, hvdtrain_command
-from ranked.support import (gathered, merged, on_rank_0, refused_on_every_rank,
-                            replica_rows, stopped_in_the_second_epoch)
+from ranked.support import (
+    gathered,
+    merged,
+    on_rank_0,
+    refused_on_every_rank,
+    replica_rows,
+    stopped_in_the_second_epoch,
+)
 
 SEQUENCE, WIDTH, VOCABULARY, BATCH, STEPS = 6, 8, 16, 4, 5
 
@@ -330,8 +341,9 @@ def test_the_recipe_learns_and_exports_plain_keras(shared_tmp_path, capfd, tenso
     model = exported(shared_tmp_path)
     assert {type(layer).__module__.split(".")[0] for layer in model.layers} == {"keras"}
     # The split model, given the exported weights, predicts the same logits.
-    from hvdtrain.recipe import make_config
     from hvdtrain.recipes import gpt as gpt_recipe
+
+    from hvdtrain.recipe import make_config
 
     layout.arrange(tensor_parallel)
     split = gpt_recipe.build_model(make_config("gpt", tensor_parallel=tensor_parallel))

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from launch import run, worker
-from run_checks import ok
 from ranked.support import computed_once, gathered
+from run_checks import ok
 from workers import broadcast, one_step, train_and_dump
 
 

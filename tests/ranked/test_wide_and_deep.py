@@ -75,7 +75,6 @@ def test_learns_the_planted_signal_with_allgathered_and_dense_gradients(two_runs
 @pytest.mark.slow
 def test_allgathered_and_dense_gradients_give_the_same_model(two_runs):
     import keras
-
     from hvdtrain.recipes import wide_and_deep  # noqa: F401  (registers its layers)
 
     model_dirs, allgathered, dense = two_runs

@@ -95,7 +95,8 @@ def load_data(config):
 
 RECIPE = Recipe(name="faults", load_data=load_data,
                 build_model=lambda config: keras.Sequential([
-                    keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),  # tanh passes NaN on
+                    # tanh passes NaN on
+                    keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
                     keras.layers.Dense(2, dtype="float32")]),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 metrics=("accuracy",),

@@ -19,6 +19,7 @@ def load_data(config):
 
 
 RECIPE = Recipe(name="records", load_data=load_data,
-                build_model=lambda config: keras.Sequential([keras.Input((1,)), keras.layers.Dense(2)]),
+                build_model=lambda config: keras.Sequential([keras.Input((1,)),
+                                                             keras.layers.Dense(2)]),
                 loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                 defaults=dict(epochs=1, batch_size=4, warmup_epochs=0))

@@ -3,9 +3,9 @@ checkpoints (weights and momentum, 35 MB) take long enough to write that a
 test can kill a process in the middle of one."""
 
 import keras
+from hvdtrain.recipes import digits_cnn
 
 from hvdtrain.recipe import Recipe
-from hvdtrain.recipes import digits_cnn
 
 RECIPE = Recipe(name="wide_digits", load_data=digits_cnn.load_data,
                 build_model=lambda config: keras.Sequential([

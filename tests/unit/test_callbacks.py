@@ -202,6 +202,7 @@ def test_policy_set_after_wrapping_is_refused():
         model.compile(optimizer=optimizer, loss="mse")
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    with pytest.raises(UsageError, match="set the mixed_float16 policy before DistributedOptimizer"):
+    with pytest.raises(UsageError,
+                       match="set the mixed_float16 policy before DistributedOptimizer"):
         model.fit(np.ones((2, 2)), np.ones((2, 1)), verbose=0,
                   callbacks=[callbacks.BroadcastGlobalVariablesCallback(0)])

@@ -90,7 +90,8 @@ def test_the_images_install_with_the_script_ci_runs():
     dockerfile = (DOCKER / "Dockerfile").read_text()
     runs = " ".join(re.findall(r"^RUN ((?:.*\\\n)*.*)", dockerfile, re.MULTILINE))
     assert "bash scripts/install.sh" in runs and "HVDTRAIN_GPU=${GPU}" in runs
-    assert re.findall(r"^make test$", (REPO / ".ci" / "run").read_text(), re.MULTILINE) == ["make test"]
+    ci = (REPO / ".ci" / "run").read_text()
+    assert re.findall(r"^make test$", ci, re.MULTILINE) == ["make test"]
     assert "make test" in (REPO / "README.md").read_text()
     # install.sh ends with horovodrun --check-build and requires NCCL for GPU builds.
     install = (REPO / "scripts" / "install.sh").read_text()

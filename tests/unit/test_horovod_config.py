@@ -188,7 +188,8 @@ def test_horovodrun_accepts_the_config(monkeypatch):
     # horovodrun's own command line, parsed as for a launch: it reads the
     # file, applies it to its options and validates them.
     from horovod.runner import launch
-    monkeypatch.setattr("sys.argv", ["horovodrun", "--config-file", str(CONFIG), "-np", "1", "true"])
+    monkeypatch.setattr("sys.argv",
+                        ["horovodrun", "--config-file", str(CONFIG), "-np", "1", "true"])
     args = launch.parse_args()
     assert (args.fusion_threshold_mb, args.stall_check_shutdown_time_seconds) == (64, 600)
 
@@ -196,7 +197,8 @@ def test_horovodrun_accepts_the_config(monkeypatch):
 @pytest.mark.parametrize("horovodrun, worker, config_file", [
     (["--config-file", "a.cfg", "-np", "2"], ["train.py"], "a.cfg"),
     (["--config-file=a.cfg", "-np", "2"], ["train.py"], "a.cfg"),
-    (["--config", "a.cfg", "-np", "2"], ["train.py"], "a.cfg"),   # horovodrun's argparse abbreviates
+    # horovodrun's argparse takes abbreviations.
+    (["--config", "a.cfg", "-np", "2"], ["train.py"], "a.cfg"),
     (["-np", "2", "-H", "localhost:2"], ["train.py"], None),
     # The worker's own option of that name is not horovodrun's.
     (["-np", "2"], ["train.py", "--config-file", "model.yaml"], None),
@@ -221,6 +223,7 @@ def test_whatever_check_accepts_horovodrun_accepts(tmp_path, monkeypatch):
     # validation and conversion to the workers' environment.
     import copy
     import logging
+
     from horovod.runner import launch
     from horovod.runner.common.util import config_parser
     monkeypatch.setattr("sys.argv", ["horovodrun", "-np", "1", "true"])

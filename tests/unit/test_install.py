@@ -226,7 +226,8 @@ def _fake_nvcc(root, release):
     """A toolkit folder whose nvcc reports `release`, and no headers."""
     (root / "bin").mkdir(parents=True)
     nvcc = root / "bin" / "nvcc"
-    nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release[:4]}, V{release}'\n")
+    nvcc.write_text(
+        f"#!/bin/sh\necho 'Cuda compilation tools, release {release[:4]}, V{release}'\n")
     nvcc.chmod(0o755)
 
 

@@ -24,7 +24,8 @@ def test_digits_is_a_tfds_dataset_with_a_fixed_split_in_several_files(tmp_path):
     assert (splits["train"].num_examples, splits["validation"].num_examples) == (1438, 359)
     assert splits["train"].num_shards == splits["validation"].num_shards == 8
     again = digits.prepare(tmp_path / "again")
-    labels = [sorted(int(ex["label"]) for ex in b.as_dataset("validation")) for b in (builder, again)]
+    labels = [sorted(int(ex["label"]) for ex in b.as_dataset("validation"))
+              for b in (builder, again)]
     assert labels[0] == labels[1] and set(labels[0]) == set(range(10))
 
 

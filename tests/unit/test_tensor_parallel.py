@@ -11,9 +11,15 @@ import pytest
 import hvdtrain
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
-from hvdtrain.layers import (ColumnParallelDense, ParallelMultiHeadAttention, RowParallelDense,
-                             VocabParallelEmbedding, VocabParallelSparseCategoricalCrossentropy,
-                             replicated_copy, set_whole_weights)
+from hvdtrain.layers import (
+    ColumnParallelDense,
+    ParallelMultiHeadAttention,
+    RowParallelDense,
+    VocabParallelEmbedding,
+    VocabParallelSparseCategoricalCrossentropy,
+    replicated_copy,
+    set_whole_weights,
+)
 from hvdtrain.layout import Layout
 from hvdtrain.parallel import sharding
 from hvdtrain.tools import flops

@@ -2,17 +2,17 @@
 tokenizer, models, the embedding's sparse gradient through hvdtrain's
 optimizer, and gpt's corpora (TFDS bytes, the synthetic language)."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-import keras
+from hvdtrain.recipes import cifar10_resnet, text_transformer
 
 import hvdtrain
 import tfds_data
 from hvdtrain import recipe
 from hvdtrain.errors import UsageError
 from hvdtrain.parallel.data.optimizer import DistributedOptimizer
-from hvdtrain.recipes import cifar10_resnet, text_transformer
 
 TINY_TRANSFORMER = dict(vocab_size=1000, sequence_length=32, d_model=16, layers=1, heads=2,
                         mlp_dim=32, dropout=0.0)

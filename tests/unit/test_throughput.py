@@ -66,7 +66,8 @@ def test_the_interval_is_students_t_of_the_mean():
     half = stats.t.ppf(0.975, 4) * np.std(samples, ddof=1) / math.sqrt(5)
     assert rate.mean == pytest.approx(100.0)
     assert (rate.low, rate.high) == pytest.approx((100.0 - half, 100.0 + half))
-    assert rate.describe("images") == f"100.0 images/s (95% interval {100 - half:.1f}-{100 + half:.1f})"
+    assert rate.describe("images") == (
+        f"100.0 images/s (95% interval {100 - half:.1f}-{100 + half:.1f})")
     assert throughput.Rate.of([50.0]).describe("images") == "50.0 images/s"
 
 

@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 import hvdtrain
 from hvdtrain import callbacks, schedules
@@ -20,7 +21,6 @@ from hvdtrain.parallel.data import optimizer as optimizer_lib
 from hvdtrain.parallel.data.step_rate import StepRate
 from hvdtrain.run import fit
 from hvdtrain.run.learning_rate import TrainingRate
-from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,7 +50,8 @@ def test_accumulating_the_moving_average_starts_at_the_weights_not_at_zero():
         average_aggregated_gradients=True))
     initial = [w.numpy() for w in model.trainable_weights]
     x, y = _data(4)
-    model.fit(x, y, batch_size=2, epochs=1, verbose=0, shuffle=False)  # finalizes: weights = averages
+    # fit finalizes: the weights become the averages.
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0, shuffle=False)
     averages = [w.numpy() for w in model.trainable_weights]
     trained = _model(keras.optimizers.SGD(0.1))
     trained.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)
@@ -205,7 +206,8 @@ def test_the_profiler_records_its_window_of_steps_only(tmp_path):
     assert overview.returncode == 0, overview.stderr[-2000:]
     tables = json.loads(overview.stdout)
     step_table = next(t for t in tables if any(c["id"] == "stepnum" for c in t.get("cols", [])))
-    assert sorted(row["c"][0]["v"] for row in step_table["rows"]) == ["train 2", "train 3", "train 4"]
+    steps = sorted(row["c"][0]["v"] for row in step_table["rows"])
+    assert steps == ["train 2", "train 3", "train 4"]
 
 
 def test_jit_compile_needs_a_model_compiled_without_xla():

@@ -6,11 +6,11 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
+from hvdtrain.recipes import wide_and_deep
 
 import hvdtrain
 from hvdtrain import recipe
 from hvdtrain.errors import UsageError
-from hvdtrain.recipes import wide_and_deep
 
 TINY = {"table_rows": 2000, "embedding_dim": 4, "hidden_units": "16", "crosses": "0x1,4x5"}
 

@@ -15,9 +15,9 @@ import numpy as np
 import hvdtrain
 
 try:
-    from shares import rank_rows            # run as a script: tests/workers on the path
+    from shares import rank_rows  # run as a script: tests/workers on the path
 except ImportError:
-    from workers.shares import rank_rows    # imported by a ranked test: tests/ on the path
+    from workers.shares import rank_rows  # imported by a ranked test: tests/ on the path
 
 STEPS, GLOBAL_BATCH = 2, 16
 PAIRS = {

@@ -18,9 +18,9 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.run import compiled_model
 
 try:
-    from shares import rank_rows            # run as a script: tests/workers on the path
+    from shares import rank_rows  # run as a script: tests/workers on the path
 except ImportError:
-    from workers.shares import rank_rows    # imported by a ranked test: tests/ on the path
+    from workers.shares import rank_rows  # imported by a ranked test: tests/ on the path
 
 STEPS, GLOBAL_BATCH, LR = 3, 16, 0.05
 # Clipping thresholds well below these gradients' size, so that they bind.

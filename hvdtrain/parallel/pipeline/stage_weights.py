@@ -12,6 +12,7 @@ Rank 0 fills in the others in host memory when it exports the whole model
 
 import keras
 import tensorflow as tf
+
 # Keras keeps the variables made in a stateless scope in a list, and gives
 # them all their values at the end of the next one: `keep` empties it.
 from keras.src.backend.common import global_state

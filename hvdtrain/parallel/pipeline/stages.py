@@ -76,7 +76,8 @@ def cut(model, at=None, stages=None):
         # A tensor passing through (it crosses the cut before and after this
         # stage) leaves by an identity: Keras's model cannot give an input back.
         outputs = keras.tree.map_structure(
-            lambda t: keras.layers.Identity()(t) if any(t is g for g in given) else t, outputs)
+            lambda t, given=given: keras.layers.Identity()(t) if any(t is g for g in given)
+            else t, outputs)
         models.append(keras.Model(inputs, outputs, name=f"stage_{len(models)}"))
         if point is not None:
             inputs = _one_or_list(point.crossing)
