@@ -66,7 +66,7 @@ def work():
     import tensorflow as tf
 
     import hvdtrain
-    from hvdtrain.parallel.data.reduction import GradientReducer
+    from hvdtrain.parallel.data_parallel.reduction import GradientReducer
 
     hvdtrain.init()
 

@@ -92,7 +92,7 @@ def work(scratch):
 
     import hvdtrain
     from hvdtrain import callbacks, layout
-    from hvdtrain.parallel import pipeline
+    from hvdtrain.parallel import pipeline_parallel
 
     hvdtrain.init(intra_op_threads=1, pipeline_parallel=STAGES)
     rng = np.random.default_rng(0)
@@ -119,15 +119,15 @@ def work(scratch):
             # outputs' loss standing in for the next stage's gradient.
             layout.arrange(1)
             mine = layout.Layout(hvdtrain.size(), pipeline=STAGES).position(hvdtrain.rank())[2]
-            stage = pipeline.cut(mlp(), stages=STAGES)[mine]
-            model = pipeline.Pipeline([keras.Model(stage.input, stage.output)],
-                                      int(microbatches))
+            stage = pipeline_parallel.cut(mlp(), stages=STAGES)[mine]
+            model = pipeline_parallel.Pipeline([keras.Model(stage.input, stage.output)],
+                                               int(microbatches))
             data, batch = slice(None), FLAGS.global_batch
             share = batch / STAGES
         else:
             layout.arrange(1, STAGES)
-            model = pipeline.Pipeline(pipeline.cut(mlp(), stages=STAGES), int(microbatches),
-                                      kind)
+            model = pipeline_parallel.Pipeline(pipeline_parallel.cut(mlp(), stages=STAGES),
+                                               int(microbatches), kind)
             data, batch = slice(None), FLAGS.global_batch
             share = batch / STAGES   # every stage of the replica steps through its batch
         optimizer = keras.optimizers.SGD(1e-3)
@@ -145,9 +145,9 @@ def work(scratch):
         layout.arrange(1, STAGES if pipelined else 1)
         before = tf.config.experimental.get_memory_info("CPU:0")["current"]
         if pipelined:
-            with pipeline.deferred():
+            with pipeline_parallel.deferred():
                 whole = mlp()
-            model = pipeline.Pipeline(pipeline.cut(whole, stages=STAGES), STAGES)
+            model = pipeline_parallel.Pipeline(pipeline_parallel.cut(whole, stages=STAGES), STAGES)
         else:
             model = mlp()
         optimizer = keras.optimizers.AdamW(1e-3)
@@ -180,12 +180,14 @@ def work(scratch):
     peaks = {name: max(hvd.allgather_object(peak)) for name, peak in peaks.items()}
     if hvdtrain.is_main_process():
         # The first stage holds the most: P micro-batches under 1F1B, M under GPipe.
-        held = {name: pipeline.peak_stashed(pipeline.SCHEDULES[name.partition("_M")[0]](
-            STAGES, int(name.partition("_M")[2]), 0)) for name in PIPELINED}
+        held = {name: pipeline_parallel.peak_stashed(
+            pipeline_parallel.SCHEDULES[name.partition("_M")[0]](
+                STAGES, int(name.partition("_M")[2]), 0)) for name in PIPELINED}
         pathlib.Path(FLAGS.output).write_text(json.dumps(dict(
             measured, workers=hvdtrain.size(),
             idle=idle,
-            theory={n: pipeline.bubble(STAGES, int(n.partition("_M")[2])) for n in PIPELINED},
+            theory={n: pipeline_parallel.bubble(STAGES, int(n.partition("_M")[2]))
+                    for n in PIPELINED},
             held_bytes={n: peaks[n] - peaks[f"alone_M{n.partition('_M')[2]}"]
                         for n in PIPELINED},
             held=held, state_bytes=state), indent=1))

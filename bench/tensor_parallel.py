@@ -90,7 +90,7 @@ def work(scratch):
 
     import hvdtrain
     from hvdtrain import callbacks, layout
-    from hvdtrain.parallel import sharding
+    from hvdtrain.parallel import split_variables
     from hvdtrain.recipe import make_config
 
     hvdtrain.init(intra_op_threads=1, tensor_parallel=2, timeline=True)
@@ -121,7 +121,7 @@ def work(scratch):
     # Both models hold the same variables in the same order, whole or split.
     state = {name: [*runs[name]["model"].weights, *runs[name]["model"].optimizer.variables]
              for name in RUNS}
-    split = [sharding.is_sharded(v) for v in state["tensor_parallel"]]
+    split = [split_variables.is_sharded(v) for v in state["tensor_parallel"]]
 
     def state_bytes(name, split_only):
         return sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize

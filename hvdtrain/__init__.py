@@ -5,11 +5,11 @@ pipeline stages (hvdtrain.pipeline).
 
 Each folder is one concept, lowest first: faults (the watchdog, preemption),
 layout.py (which worker does what: replicas and groups), tools (doctor,
-report, throughput), parallel (the strategies: data/, embedding/, tensor/,
-pipeline/),
-data (input pipelines), state (position, checkpoints, export), callbacks,
-run (the trainer, the evaluator); keras and layers are public facades, and
-cli.py, config.py, recipe.py the command line and its settings. A package's
+report, throughput), parallel (the strategies: data_parallel/,
+sharded_tables/, tensor_parallel/, pipeline_parallel/), data (input
+pipelines), state (position, checkpoints, export), callbacks, run (the
+trainer, the evaluator); keras and layers are public facades, and cli.py,
+config.py, recipe.py the command line and its settings. A package's
 docstring says what may depend on it; tests/unit/test_layers.py holds the table.
 
 Names load on first use, so that the command line can check its input and
@@ -19,10 +19,10 @@ fail before TensorFlow starts.
 import importlib
 
 _EXPORTS = {
-    "Compression": "hvdtrain.parallel.data.compression",
-    "DistributedGradientTape": "hvdtrain.parallel.data.tape",
-    "DistributedOptimizer": "hvdtrain.parallel.data.optimizer",
-    "PartialDistributedOptimizer": "hvdtrain.parallel.data.optimizer",
+    "Compression": "hvdtrain.parallel.data_parallel.compression",
+    "DistributedGradientTape": "hvdtrain.parallel.data_parallel.tape",
+    "DistributedOptimizer": "hvdtrain.parallel.data_parallel.optimizer",
+    "PartialDistributedOptimizer": "hvdtrain.parallel.data_parallel.optimizer",
     "Preempted": "hvdtrain.faults.preemption",
     "Recipe": "hvdtrain.recipe",
     "Splits": "hvdtrain.recipe",
@@ -45,10 +45,10 @@ _SUBMODULES = {
     "callbacks": "hvdtrain.callbacks",
     "checkpoint": "hvdtrain.state.checkpoint",
     "data": "hvdtrain.data",
-    "elastic": "hvdtrain.state.elastic",
+    "elastic": "hvdtrain.state.elastic_state",
     "layers": "hvdtrain.layers",
     "layout": "hvdtrain.layout",
-    "pipeline": "hvdtrain.parallel.pipeline",
+    "pipeline": "hvdtrain.parallel.pipeline_parallel",
     "recipe": "hvdtrain.recipe",
 }
 

@@ -8,7 +8,7 @@ import pathlib
 import typing
 from collections.abc import Callable
 
-from hvdtrain import schedules
+from hvdtrain import lr_schedules
 from hvdtrain.errors import UsageError
 from hvdtrain.faults import preemption
 
@@ -118,7 +118,7 @@ class TrainConfig:
         "constant", "After warm-up: constant, cosine decay to 0 at the end, step (x0.1 at "
         "1/2 and 3/4 of the epochs), or plateau (x --plateau_factor when --best_metric has "
         "not improved for --plateau_patience epochs).",
-        choices=(*schedules.AFTER_WARMUP, schedules.PLATEAU))
+        choices=(*lr_schedules.AFTER_WARMUP, lr_schedules.PLATEAU))
     plateau_patience: int = _number(
         5, POSITIVE, "--lr_schedule=plateau: epochs without improvement of --best_metric "
         "(averaged over the workers) before the rate is lowered.")
@@ -308,11 +308,11 @@ class TrainConfig:
             UsageError: Naming the setting and the way out.
         """
         # Here, not at the top: the flags are checked before TensorFlow loads.
-        from hvdtrain.parallel import sharding
-        from hvdtrain.parallel.embedding import sparse_updates
+        from hvdtrain.parallel import split_variables
+        from hvdtrain.parallel.sharded_tables import sparse_updates
 
         if self.jit_compile:
-            raise UsageError(sharding.NO_XLA)
+            raise UsageError(split_variables.NO_XLA)
         sparse_updates.refuse(sparse_updates.problem(
             OPTIMIZERS[self.optimizer].keras_class,
             loss_scaling=self.precision == "mixed_float16",
@@ -394,8 +394,8 @@ class TrainConfig:
                        "gradients, and ranks could decide differently; use "
                        "--precision=mixed_bfloat16")
         elif self.jit_compile:
-            from hvdtrain.parallel import sharding  # not at the top: before TensorFlow loads
-            refused = sharding.NO_XLA_TENSOR_PARALLEL
+            from hvdtrain.parallel import split_variables  # not at the top: before TensorFlow loads
+            refused = split_variables.NO_XLA_TENSOR_PARALLEL
         if refused:
             raise UsageError(f"--tensor_parallel={self.tensor_parallel}: {refused}")
 
@@ -444,7 +444,7 @@ class TrainConfig:
     def _check_monitoring(self):
         watching = [name for name, on in (
             ("early_stopping_patience", self.early_stopping_patience),
-            ("lr_schedule=plateau", self.lr_schedule == schedules.PLATEAU)) if on]
+            ("lr_schedule=plateau", self.lr_schedule == lr_schedules.PLATEAU)) if on]
         if watching and not self.best_metric:
             raise UsageError(f"--{watching[0]} watches --best_metric, which is empty; set it "
                              "(e.g. --best_metric=val_loss)")

@@ -15,9 +15,9 @@ their neighbours): Megatron-LM's layout.
     stage group of r:            the D x T ranks of the same p
 
 The ranks of a replica read the same batch; those of a stage hold the parts
-of its split layers (hvdtrain.parallel.tensor); the stages pass activations
+of its split layers (hvdtrain.parallel.tensor_parallel); the stages pass activations
 forward and their gradients back between neighbours
-(hvdtrain.parallel.pipeline); gradients are reduced over the data-parallel
+(hvdtrain.parallel.pipeline_parallel); gradients are reduced over the data-parallel
 group. Everything counted per replica (the data's shards, the learning
 rate's scaling, the position of a checkpoint) counts D, not N; without
 tensor or pipeline parallelism D = N and the replica is the worker.

@@ -21,7 +21,7 @@ from absl import logging
 
 from hvdtrain import layout
 from hvdtrain.errors import UsageError
-from hvdtrain.faults import departures, launcher_watch, unread_output, watchdog
+from hvdtrain.faults import broken_pipes, departures, launcher_watch, watchdog
 from hvdtrain.faults.board import Board, open_for_run
 
 __all__ = ["barrier", "choose_mpi_wait", "communication_has_a_core", "default_intra_op_threads",
@@ -115,7 +115,7 @@ def init(intra_op_threads=0, inter_op_threads=0, precision=None, process_sets=No
     else:
         departures.arrive(None, None)
     layout.arrange(tensor_parallel, pipeline_parallel)
-    unread_output.install()     # a launcher that dies must not take the checkpoint with it
+    broken_pipes.install()     # a launcher that dies must not take the checkpoint with it
     launcher_watch.start(hvd.rank())
     if precision is not None:
         # Layers take the policy when they are created: set it before any model.

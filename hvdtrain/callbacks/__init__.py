@@ -24,8 +24,8 @@ from hvdtrain.callbacks.periodic_checkpoint import PeriodicCheckpoint
 from hvdtrain.callbacks.plateau_learning_rate import PlateauLearningRate
 from hvdtrain.callbacks.preemption_stop import PreemptionStop, StopVote
 from hvdtrain.callbacks.profiler_window import ProfilerWindow
-from hvdtrain.callbacks.run_log import RunLog
-from hvdtrain.callbacks.throughput import Throughput
+from hvdtrain.callbacks.run_log_writer import RunLog
+from hvdtrain.callbacks.throughput_meter import Throughput
 from hvdtrain.callbacks.track_position import TrackPosition
 from hvdtrain.callbacks.watchdog_progress import WatchdogProgress
 

@@ -3,7 +3,7 @@
 import keras
 
 from hvdtrain.parallel import collectives
-from hvdtrain.parallel.data.optimizer import check_loss_scale_order
+from hvdtrain.parallel.data_parallel.optimizer import check_loss_scale_order
 
 __all__ = ["BroadcastInitialState"]
 

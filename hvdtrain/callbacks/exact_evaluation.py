@@ -2,8 +2,8 @@
 
 import keras
 
-from hvdtrain.parallel.data.evaluation import sum_metric_states
-from hvdtrain.parallel.data.statistics import average_statistics
+from hvdtrain.parallel.data_parallel.evaluation import sum_metric_states
+from hvdtrain.parallel.data_parallel.statistics import average_statistics
 
 __all__ = ["ExactEvaluation"]
 
@@ -11,10 +11,10 @@ __all__ = ["ExactEvaluation"]
 class ExactEvaluation(keras.callbacks.Callback):
     """Sums evaluation metric states over workers after this worker's
     `steps` evaluation batches (its shard's length, which may differ from
-    the other workers'); see hvdtrain.parallel.data.evaluation. Before
+    the other workers'); see hvdtrain.parallel.data_parallel.evaluation. Before
     evaluating, the replicas' own statistics (batch normalization's) become
     their average, so that every shard is evaluated with the same model
-    (hvdtrain.parallel.data.statistics). Give it to every rank: both are
+    (hvdtrain.parallel.data_parallel.statistics). Give it to every rank: both are
     collectives.
 
     Args:

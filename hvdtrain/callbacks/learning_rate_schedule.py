@@ -1,10 +1,10 @@
 """The learning rate set between steps from a multiplier of the
 (fractional) epoch, with momentum correction: Horovod's callback (hvdtrain
-train sets its rate inside the step instead: parallel/data/step_rate.py)."""
+train sets its rate inside the step instead: parallel/data_parallel/learning_rate_in_step.py)."""
 
 from hvdtrain.callbacks.base import TrainingCallback
-from hvdtrain.parallel.data.optimizer import accumulated_only
-from hvdtrain.parallel.data.step_rate import momentum_slots
+from hvdtrain.parallel.data_parallel import momentum_correction
+from hvdtrain.parallel.data_parallel.optimizer import accumulated_only
 
 __all__ = ["ScheduledLearningRate"]
 
@@ -102,11 +102,8 @@ class ScheduledLearningRate(TrainingCallback):
 
 
 class _MomentumCorrection:
-    """Runs one step as if the optimizer's momentum were `momentum * ratio`,
-    by scaling its velocity slots (step_rate.momentum_slots). Nesterov SGD
-    reads momentum once more, `w += momentum * v - lr * g`; the missing
-    `momentum * (ratio - 1) * v` is added to the weights after the step.
-    """
+    """Runs one step as if the optimizer's momentum were `momentum * ratio`
+    (parallel/data_parallel/momentum_correction.py)."""
 
     def __init__(self, optimizer, slots, ratio, applying):
         self.optimizer = optimizer
@@ -114,14 +111,13 @@ class _MomentumCorrection:
         self.slots = slots
         self.ratio = ratio
         self.iterations = int(optimizer.iterations)
-        for slot in slots:
-            slot.assign(slot * ratio)
+        momentum_correction.scale_slots(slots, ratio)
 
     @classmethod
     def begin(cls, optimizer, ratio):
         """The correction for this step, or None if `optimizer` has no momentum."""
         # The distributed one given knows whether it only accumulated.
-        updating, slots = momentum_slots(optimizer)
+        updating, slots = momentum_correction.momentum_slots(optimizer)
         return cls(updating, slots, ratio, optimizer) if slots else None
 
     def end(self):
@@ -129,10 +125,6 @@ class _MomentumCorrection:
                 or accumulated_only(self.applying)):
             # No update this batch (gradients being accumulated, or a loss-scale
             # skip): the slots are as the step left them, so undo the scaling.
-            for slot in self.slots:
-                slot.assign(slot / self.ratio)
-        elif getattr(self.optimizer, "nesterov", False):
-            extra = self.optimizer.momentum * (self.ratio - 1)
-            # The slots follow the order of the variables the optimizer was built with.
-            for variable, slot in zip(self.optimizer._trainable_variables, self.slots):
-                variable.assign_add(slot * extra)
+            momentum_correction.unscale_slots(self.slots, self.ratio)
+        else:
+            momentum_correction.nesterov_look_ahead(self.optimizer, self.slots, self.ratio)

@@ -2,7 +2,7 @@
 
 from absl import logging
 
-from hvdtrain import layout, schedules
+from hvdtrain import layout, lr_schedules
 from hvdtrain.callbacks.learning_rate_schedule import ScheduledLearningRate
 
 __all__ = ["LearningRateWarmup"]
@@ -25,8 +25,8 @@ class LearningRateWarmup(ScheduledLearningRate):
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True,
                  steps_per_epoch=None, verbose=0):
         def multiplier(epoch):
-            return schedules.warmup(epoch, warmup_epochs, layout.data_size(),
-                                    self.steps_per_epoch)
+            return lr_schedules.warmup(epoch, warmup_epochs, layout.data_size(),
+                                       self.steps_per_epoch)
 
         super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs,
                          staircase=False, momentum_correction=momentum_correction,

@@ -10,8 +10,8 @@ from absl import logging
 from hvdtrain import layout, runtime
 from hvdtrain.callbacks.base import CallSteps, TrainingCallback, kept_states, monitor_mode
 from hvdtrain.errors import TrainingError
-from hvdtrain.parallel.data import optimizer as optimizer_lib
-from hvdtrain.parallel.data.statistics import average_statistics
+from hvdtrain.parallel.data_parallel import optimizer as optimizer_lib
+from hvdtrain.parallel.data_parallel.statistics import average_statistics
 from hvdtrain.state import checkpoint, whole_state
 from hvdtrain.state.training_state import Position, training_variables
 

@@ -6,7 +6,7 @@ from absl import logging
 
 from hvdtrain.callbacks.base import KeptState, TrainingCallback, monitor_mode, watched_value
 from hvdtrain.errors import UsageError
-from hvdtrain.parallel.data.optimizer import step_rate
+from hvdtrain.parallel.data_parallel.optimizer import step_rate
 
 __all__ = ["PlateauLearningRate"]
 

@@ -108,9 +108,9 @@ class StopVote:
     `agreed` to its average over the ranks. After a step every rank reads
     the same `agreed`, and a positive one means: stop after this step.
 
-    `outcome`, when set, gives `agreed` as the train function carried it
-    out of its last call (hvdtrain.run.executions): read that way, the vote
-    costs no read of a variable between steps.
+    `outcome`, when set, gives `agreed` as the train function read it at
+    the end of its last call (hvdtrain.run.executions): read that way, the
+    vote costs no read of a variable between steps.
     """
 
     def __init__(self):

@@ -5,12 +5,12 @@ import os
 import tensorflow as tf
 from absl import logging
 
-from hvdtrain.callbacks.base import TrainingCallback
+from hvdtrain.callbacks.step_window import StepWindow
 
 __all__ = ["ProfilerWindow"]
 
 
-class ProfilerWindow(TrainingCallback):
+class ProfilerWindow(StepWindow):
     """Records TensorFlow's profiler over global training steps `first` to
     `last` (1-based, inclusive) into `log_dir`, for TensorBoard's profile tab
     (`log_dir/plugins/profile/<run>/`), each step marked as one in the trace.
@@ -28,10 +28,8 @@ class ProfilerWindow(TrainingCallback):
     """
 
     def __init__(self, log_dir, first, last):
-        super().__init__()
+        super().__init__(first, last)
         self.log_dir = os.fspath(log_dir)
-        self.first, self.last = first, last
-        self._recording = False
         self._step = None
         self._warmed_up = False
 
@@ -41,33 +39,21 @@ class ProfilerWindow(TrainingCallback):
             tf.profiler.experimental.start(self.log_dir)
             tf.profiler.experimental.stop(save=False)
 
-    def on_train_batch_begin(self, batch, logs=None):
-        # A call of several steps is recorded whole, as one step, when the
-        # window reaches into it.
-        step = self.global_step(batch)
-        if not (step <= self.last and step + self.model.steps_per_execution > self.first):
-            return
-        if not self._recording:
-            tf.profiler.experimental.start(self.log_dir)
-            self._recording = True
-        # `_r=1` marks the trace as a step: the profile's step-time analysis counts it.
+    def start_recording(self):
+        tf.profiler.experimental.start(self.log_dir)
+
+    def step_begins(self, step):
+        # A call of several steps is one step of the trace; `_r=1` marks it
+        # as a step: the profile's step-time analysis counts it.
         self._step = tf.profiler.experimental.Trace("train", step_num=step, _r=1)
         self._step.__enter__()
 
-    def on_train_batch_end(self, batch, logs=None):
-        if self._step is not None:
-            self._step.__exit__(None, None, None)
-            self._step = None
-        if self._recording and self.global_step(batch) >= self.last:
-            self._stop()
+    def step_ends(self):
+        self._step.__exit__(None, None, None)
+        self._step = None
 
-    def on_train_end(self, logs=None):
-        if self._recording:
-            self._stop()
-
-    def _stop(self):
+    def stop_recording(self):
         tf.profiler.experimental.stop()
-        self._recording = False
         logging.info("TensorFlow profile of steps %d-%d written to %s (TensorBoard's profile "
                      "tab: tensorboard --logdir %s)", self.first, self.last, self.log_dir,
                      os.path.dirname(self.log_dir))

@@ -4,7 +4,7 @@ collectives (the workers agree on counts); recipes and run depend on them."""
 
 from hvdtrain.data.arrays import from_arrays
 from hvdtrain.data.files import from_image_folder, from_tfrecords
-from hvdtrain.data.sharding import ShardedDataset
+from hvdtrain.data.sharded_dataset import ShardedDataset
 from hvdtrain.data.synthetic import synthetic
 from hvdtrain.data.tfds_source import from_tfds
 

@@ -4,7 +4,7 @@ import keras
 import tensorflow as tf
 
 from hvdtrain import layout
-from hvdtrain.data import sharding
+from hvdtrain.data import sharded_dataset
 from hvdtrain.errors import UsageError
 
 __all__ = ["from_arrays"]
@@ -40,9 +40,10 @@ def from_arrays(arrays, batch_size, *, training, seed=0):
     shard_examples = len(tf.nest.flatten(shard)[0])
     rows = tf.data.Dataset.from_tensor_slices(shard)
     if not training:
-        return sharding.evaluation(lambda epoch: rows, shard_examples, examples, batch_size)
+        return sharded_dataset.evaluation(lambda epoch: rows, shard_examples, examples, batch_size)
 
     def shuffled(epoch):
-        return rows.shuffle(shard_examples, seed=sharding.epoch_seed(seed, epoch))
+        return rows.shuffle(shard_examples, seed=sharded_dataset.epoch_seed(seed, epoch))
 
-    return sharding.training(shuffled, shard_examples, examples, batch_size, layout.data_size())
+    return sharded_dataset.training(shuffled, shard_examples, examples, batch_size,
+                                    layout.data_size())

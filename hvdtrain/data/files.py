@@ -20,7 +20,7 @@ import tensorflow as tf
 from absl import logging
 
 from hvdtrain import layout
-from hvdtrain.data import image_headers, input_errors, sharding
+from hvdtrain.data import image_headers, input_errors, sharded_dataset
 from hvdtrain.errors import UsageError
 from hvdtrain.parallel import collectives
 
@@ -48,7 +48,7 @@ def from_tfrecords(pattern, parse, batch_size, *, training, seed=0, deterministi
         seed: The run's seed; each epoch's order derives from (seed, epoch).
         deterministic: Whether tf.data's parallel stages keep their order
             (reproducible); always, where the ranks of a replica read the
-            same batches (tensor or pipeline parallelism: sharding.in_order).
+            same batches (tensor or pipeline parallelism: sharded_dataset.in_order).
         cache: Whether to keep this worker's records in memory after the
             first epoch.
 
@@ -60,7 +60,7 @@ def from_tfrecords(pattern, parse, batch_size, *, training, seed=0, deterministi
             through, its first record does not parse, or a training worker
             cannot fill one batch.
     """
-    deterministic = sharding.in_order(deterministic)
+    deterministic = sharded_dataset.in_order(deterministic)
     files = sorted(tf.io.gfile.glob(pattern))
     if not files:
         raise UsageError(f"no files match {pattern}; check the path and the pattern")
@@ -147,7 +147,7 @@ def from_image_folder(root, batch_size, *, training, image_size=None, seed=0,
         seed: The run's seed; each epoch's order derives from (seed, epoch).
         deterministic: Whether tf.data's parallel stages keep their order
             (reproducible); always, where the ranks of a replica read the
-            same batches (tensor or pipeline parallelism: sharding.in_order).
+            same batches (tensor or pipeline parallelism: sharded_dataset.in_order).
         cache: Whether to keep this worker's decoded images in memory after
             the first epoch.
         preprocess: preprocess(image, label, seed) -> (features, label),
@@ -163,7 +163,7 @@ def from_image_folder(root, batch_size, *, training, image_size=None, seed=0,
             image's, sizes differ without `image_size`, or a training worker
             cannot fill one batch.
     """
-    deterministic = sharding.in_order(deterministic)
+    deterministic = sharded_dataset.in_order(deterministic)
     root = pathlib.Path(root)
     classes = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
     files = [(str(f), label) for label, name in enumerate(classes)
@@ -268,20 +268,20 @@ def _pipeline(entries, count, items, parse, batch_size, training, seed, determin
 
     in_order = tf.range(num_entries)
     if not training:
-        return sharding.evaluation(
-            lambda epoch: sharding.preprocessed(read(in_order), parse, deterministic),
+        return sharded_dataset.evaluation(
+            lambda epoch: sharded_dataset.preprocessed(read(in_order), parse, deterministic),
             shard_examples, split_examples, batch_size)
 
     def read_for_epoch(epoch):  # a new file order every epoch
         # Stateless: tf.random.shuffle's kernel keeps its state between eager
         # calls, so a second dataset built in one process got another order.
         return read(tf.random.experimental.stateless_shuffle(
-            in_order, seed=[sharding.epoch_seed(seed, epoch), 0]))
+            in_order, seed=[sharded_dataset.epoch_seed(seed, epoch), 0]))
 
-    shuffled = sharding.shuffled_epochs(lambda: read(in_order), read_for_epoch, shard_examples,
-                                        seed, cache)
+    shuffled = sharded_dataset.shuffled_epochs(lambda: read(in_order), read_for_epoch,
+                                               shard_examples, seed, cache)
 
     def examples(epoch):
-        return sharding.preprocessed(shuffled(epoch), parse, deterministic, seed, epoch)
+        return sharded_dataset.preprocessed(shuffled(epoch), parse, deterministic, seed, epoch)
 
-    return sharding.training(examples, shard_examples, split_examples, batch_size, size)
+    return sharded_dataset.training(examples, shard_examples, split_examples, batch_size, size)

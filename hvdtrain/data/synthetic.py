@@ -3,7 +3,7 @@ input costs nothing and a benchmark measures the model and the exchange."""
 
 import tensorflow as tf
 
-from hvdtrain.data import sharding
+from hvdtrain.data import sharded_dataset
 
 __all__ = ["synthetic"]
 
@@ -26,5 +26,5 @@ def synthetic(shape, num_classes, batch_size, steps, dtype=tf.float32, seed=0):
     features = generator.normal((batch_size, *shape), dtype=dtype)
     labels = generator.uniform((batch_size,), maxval=num_classes, dtype=tf.int64)
     batch = tf.data.Dataset.from_tensors((features, labels))
-    return sharding.ShardedDataset(lambda epoch: batch.repeat(steps), steps,
-                                   examples=steps * batch_size, dropped=0)
+    return sharded_dataset.ShardedDataset(lambda epoch: batch.repeat(steps), steps,
+                                          examples=steps * batch_size, dropped=0)

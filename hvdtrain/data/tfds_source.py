@@ -16,7 +16,7 @@ import tensorflow_datasets as tfds
 from absl import logging
 
 from hvdtrain import layout, runtime
-from hvdtrain.data import input_errors, sharding
+from hvdtrain.data import input_errors, sharded_dataset
 from hvdtrain.data.files import count_records
 from hvdtrain.datasets.builds import build_once
 from hvdtrain.errors import UsageError
@@ -45,7 +45,7 @@ def from_tfds(name, split, batch_size, *, training, preprocess, data_dir=None, s
             epoch (for data that fits); each epoch is then a full shuffle of it.
         deterministic: Whether tf.data's parallel stages keep their order
             (reproducible); always, where the ranks of a replica read the
-            same batches (tensor or pipeline parallelism: sharding.in_order).
+            same batches (tensor or pipeline parallelism: sharded_dataset.in_order).
         builder: An existing builder (for datasets built locally, or from
             `prepare`); else by name, already prepared in `data_dir`.
 
@@ -56,7 +56,7 @@ def from_tfds(name, split, batch_size, *, training, preprocess, data_dir=None, s
         UsageError: If the dataset is unknown or not prepared in `data_dir`,
             has no such split, or gives a training worker no full batch.
     """
-    deterministic = sharding.in_order(deterministic)
+    deterministic = sharded_dataset.in_order(deterministic)
     builder = builder or _builder(name, data_dir)
     if split not in builder.info.splits:
         raise UsageError(f"TFDS dataset {name} has no split '{split}'; it has "
@@ -81,24 +81,25 @@ def from_tfds(name, split, batch_size, *, training, preprocess, data_dir=None, s
     def read(shuffle_files, epoch):
         return builder.as_dataset(
             read_split, shuffle_files=shuffle_files, read_config=tfds.ReadConfig(
-                input_context=context, shuffle_seed=sharding.epoch_seed(seed, epoch),
+                input_context=context, shuffle_seed=sharded_dataset.epoch_seed(seed, epoch),
                 options=options))
 
     def explain(error):
         return _explain(builder, split, builder.info.splits[read_split].filepaths, error)
 
     if not training:
-        return dataclasses.replace(sharding.evaluation(
-            lambda epoch: sharding.preprocessed(read(False, 0), preprocess, deterministic),
+        return dataclasses.replace(sharded_dataset.evaluation(
+            lambda epoch: sharded_dataset.preprocessed(read(False, 0), preprocess, deterministic),
             shard_examples, info.num_examples, batch_size), explain=explain)
-    shuffled = sharding.shuffled_epochs(lambda: read(False, 0), lambda epoch: read(True, epoch),
-                                        shard_examples, seed, cache)
+    shuffled = sharded_dataset.shuffled_epochs(lambda: read(False, 0),
+                                               lambda epoch: read(True, epoch),
+                                               shard_examples, seed, cache)
 
     def examples(epoch):
-        return sharding.preprocessed(shuffled(epoch), preprocess, deterministic, seed, epoch)
+        return sharded_dataset.preprocessed(shuffled(epoch), preprocess, deterministic, seed, epoch)
 
     return dataclasses.replace(
-        sharding.training(examples, shard_examples, info.num_examples, batch_size, size),
+        sharded_dataset.training(examples, shard_examples, info.num_examples, batch_size, size),
         explain=explain)
 
 

@@ -20,7 +20,7 @@ reports a Preempted run, without loading it.
 import signal
 
 from hvdtrain.errors import UsageError
-from hvdtrain.faults import unread_output
+from hvdtrain.faults import broken_pipes
 
 __all__ = ["DEFAULT_SIGNALS", "EXIT_STATUS", "Preempted", "handling", "ignore_further",
            "install", "parse_signals", "request", "requested", "uninstall"]
@@ -138,4 +138,4 @@ def _say(text):
     # Not print or logging: a signal handler may run while the main thread is
     # inside a buffered write or holds a logging lock. Launchers prefix the
     # line with the rank.
-    unread_output.say(f"hvdtrain: {text}\n")
+    broken_pipes.say(f"hvdtrain: {text}\n")

@@ -49,13 +49,13 @@ from hvdtrain import runtime
 from hvdtrain.errors import UsageError
 from hvdtrain.keras import callbacks, elastic  # noqa: F401
 from hvdtrain.parallel.collectives import broadcast_variables, root_name_scope  # noqa: F401
-from hvdtrain.parallel.data.compression import BF16Compressor, Compression
-from hvdtrain.parallel.data.optimizer import (  # noqa: F401
+from hvdtrain.parallel.data_parallel.compression import BF16Compressor, Compression
+from hvdtrain.parallel.data_parallel.optimizer import (  # noqa: F401
     DistributedOptimizer,
     PartialDistributedOptimizer,
     make_distributed,
 )
-from hvdtrain.parallel.data.reduction import GradientReducer
+from hvdtrain.parallel.data_parallel.reduction import GradientReducer
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "PartialDistributedOptimizer",
@@ -103,7 +103,7 @@ def broadcast_global_variables(root_rank):
 # under TensorFlow 2, return eager tensors (`.numpy()`, `np.asarray`). Inside
 # a tf.function an unnamed one would be named after its tensor, whose name
 # can differ between ranks: it gets a fixed name at the graph's top level,
-# made unique by the order of the calls (see hvdtrain.parallel.data.reduction).
+# made unique by the order of the calls (see hvdtrain.parallel.data_parallel.reduction).
 
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
               op=None, compression=Compression.none):

@@ -1,5 +1,5 @@
 """Horovod's `horovod.tensorflow.keras.elastic` for Keras 3: Horovod's
-names over hvdtrain.state.elastic (KerasState, run) and hvdtrain's commit
+names over hvdtrain.state.elastic_state (KerasState, run) and hvdtrain's commit
 callback, and Horovod's two position callbacks, which `hvdtrain train`
 replaces with callbacks.TrackPosition.
 
@@ -19,7 +19,7 @@ replaces with callbacks.TrackPosition.
 import keras
 
 from hvdtrain.callbacks import CommitState
-from hvdtrain.state.elastic import KerasState, run
+from hvdtrain.state.elastic_state import KerasState, run
 
 __all__ = ["CommitStateCallback", "KerasState", "TensorFlowKerasState",
            "UpdateBatchStateCallback", "UpdateEpochStateCallback", "run"]

@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import layout
-from hvdtrain.parallel import sharding
+from hvdtrain.parallel import split_variables
 
 __all__ = ["agree_on_max", "agree_on_min", "allreduce_scalars", "broadcast_over",
            "broadcast_variables", "occurrence", "occurrence_tag", "raise_together",
@@ -58,7 +58,7 @@ def broadcast_variables(variables, root_rank=0):
 
     Call it on every rank, with the same variables in the same order: they
     are broadcast by position. Does nothing on one process. Shards of a
-    table split across the workers (hvdtrain.parallel.sharding) are left out: each
+    table split across the workers (hvdtrain.parallel.split_variables) are left out: each
     worker holds its own rows. Parts of tensor-parallel weights, and every
     variable of a pipeline's stage, go from replica 0 to the same part of
     every other replica (`root_rank` is then replica 0).
@@ -69,8 +69,9 @@ def broadcast_variables(variables, root_rank=0):
         root_rank: The rank whose values all take.
     """
     variables = list(variables)
-    whole = [v for v in variables if not sharding.is_sharded(v)]
-    parts = [v for v in variables if isinstance(sharding.placement_of(v), sharding.TensorSplit)]
+    whole = [v for v in variables if not split_variables.is_sharded(v)]
+    parts = [v for v in variables
+             if isinstance(split_variables.placement_of(v), split_variables.TensorSplit)]
     if layout.pipeline_size() > 1:
         # Each stage holds its own variables: they go from replica 0 to the
         # same stage of every other replica.

@@ -1,7 +1,7 @@
 """A model's forward pass on a batch that may hold no examples.
 
 Evaluation gives a model empty batches: a worker past the end of its shard
-goes on taking steps with them (hvdtrain.data.sharding: a model whose
+goes on taking steps with them (hvdtrain.data.sharded_dataset: a model whose
 forward pass is a collective needs every worker in each step), and a
 pipeline splits a short last batch into micro-batches some of which are
 empty. Some TensorFlow kernels get zero rows wrong (in TF 2.21 on CPU,

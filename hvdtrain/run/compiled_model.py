@@ -10,10 +10,10 @@ from absl import logging
 from hvdtrain import layout
 from hvdtrain.config import CLIPPING, OPTIMIZERS
 from hvdtrain.errors import UsageError
-from hvdtrain.parallel import collectives, pipeline, sharding
-from hvdtrain.parallel.data.compression import Compression
-from hvdtrain.parallel.data.evaluation import EmptyBatchesStep
-from hvdtrain.parallel.data.optimizer import DistributedOptimizer
+from hvdtrain.parallel import collectives, pipeline_parallel, split_variables
+from hvdtrain.parallel.data_parallel.compression import Compression
+from hvdtrain.parallel.data_parallel.evaluation import EmptyBatchesStep
+from hvdtrain.parallel.data_parallel.optimizer import DistributedOptimizer
 from hvdtrain.run import executions, xla
 
 __all__ = ["build", "compile_model", "keras_optimizer"]
@@ -34,7 +34,7 @@ def build(recipe, config):
     try:
         if config.pipeline_parallel > 1:
             # Each rank gives values to its stage's weights only (Pipeline).
-            with pipeline.deferred():
+            with pipeline_parallel.deferred():
                 model = recipe.make_model(config)
         else:
             model = recipe.make_model(config)
@@ -52,20 +52,20 @@ def _pipelined(model, config):
     """`model` cut into --pipeline_parallel stages (at --pipeline_cuts, or
     where its parameters split most evenly), this rank's stage run by a
     Pipeline of --microbatches."""
-    stages = pipeline.cut(model, at=config.pipeline_cut_points() or None,
-                          stages=config.pipeline_parallel)
+    stages = pipeline_parallel.cut(model, at=config.pipeline_cut_points() or None,
+                                   stages=config.pipeline_parallel)
     microbatches = config.pipeline_microbatches()
-    costly = pipeline.few_microbatches(config.pipeline_parallel, microbatches)
+    costly = pipeline_parallel.few_microbatches(config.pipeline_parallel, microbatches)
     if costly and hvd.rank() == 0:
         logging.warning("--microbatches: %s", costly)
-    return pipeline.Pipeline(stages, microbatches, config.pipeline_schedule,
-                             name=f"{model.name}_pipeline")
+    return pipeline_parallel.Pipeline(stages, microbatches, config.pipeline_schedule,
+                                      name=f"{model.name}_pipeline")
 
 
 def _warn_of_nothing_split(model, recipe_name):
     """With tensor parallelism, a model without split layers has each of a
     replica's ranks do the same work: worth a word, once."""
-    if layout.tensor_size() == 1 or sharding.has_shards(model) or hvd.rank() != 0:
+    if layout.tensor_size() == 1 or split_variables.has_shards(model) or hvd.rank() != 0:
         return
     logging.warning("--tensor_parallel=%d: recipe %s's model has no tensor-parallel layers "
                     "(hvdtrain.layers: ColumnParallelDense, RowParallelDense, "
@@ -78,7 +78,7 @@ def _check_the_same_on_every_rank(model, recipe_name):
     if hvd.size() == 1:
         return
     layouts = hvd.allgather_object(
-        [(v.path, tuple(sharding.logical_shape(v)), str(v.dtype)) for v in model.weights],
+        [(v.path, tuple(split_variables.logical_shape(v)), str(v.dtype)) for v in model.weights],
         name="hvdtrain.model_layout")
     for rank, theirs in enumerate(layouts):
         if theirs != layouts[0]:

@@ -27,7 +27,7 @@ from hvdtrain.config import TrainConfig
 from hvdtrain.data import input_errors
 from hvdtrain.errors import TrainingError, UsageError
 from hvdtrain.faults import watchdog
-from hvdtrain.parallel import collectives, sharding
+from hvdtrain.parallel import collectives, split_variables
 from hvdtrain.run import compiled_model
 from hvdtrain.state import atomic_files, checkpoint, export, training_state, whole_state
 from hvdtrain.state import model_dir as model_dir_lib
@@ -326,9 +326,9 @@ def _mismatch(expected, found):
     if len(expected) != len(found):
         return f"it has {len(found)} weights, the recipe's model {len(expected)}"
     for mine, theirs in zip(expected, found):
-        if sharding.logical_shape(mine) != tuple(theirs.shape):
+        if split_variables.logical_shape(mine) != tuple(theirs.shape):
             return (f"{mine.path} has shape {tuple(theirs.shape)} there, "
-                    f"{sharding.logical_shape(mine)} here")
+                    f"{split_variables.logical_shape(mine)} here")
     return None
 
 

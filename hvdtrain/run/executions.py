@@ -32,13 +32,14 @@ class Executions:
         steps_per_execution: K, the steps of a call.
 
     Attributes:
-        carried: After each call, {name: value} of what `carry` asked for.
+        read_at_call_end: After each call, {name: value} of what
+            `read_at_each_call_end` asked for.
     """
 
     def __init__(self, model, steps_per_execution):
         self.model = model
         self.steps_per_execution = steps_per_execution
-        self.carried = {}
+        self.read_at_call_end = {}
         self._reads = {}
         self._length = tf.Variable(steps_per_execution, dtype=tf.int32, trainable=False,
                                    name="hvdtrain_execution_length")
@@ -50,13 +51,13 @@ class Executions:
         model.train_function = None
         model._hvdtrain_executions = self
 
-    def carry(self, name, read):
+    def read_at_each_call_end(self, name, read):
         """Returns `read()` (a tensor read in the graph after each call's
-        last step) in `carried[name]`; returns a function that gives the
-        last call's. Call it before the first step."""
+        last step) in `read_at_call_end[name]`; returns a function that
+        gives the last call's. Call it before the first step."""
         self._reads[name] = read
         self.model.train_function = None
-        return lambda: self.carried[name]
+        return lambda: self.read_at_call_end[name]
 
     def plan(self, steps_left):
         """The next call takes at most `steps_left` steps (the epoch's rest)."""
@@ -87,7 +88,7 @@ class Executions:
         execute = tf.function(execute, reduce_retracing=True)
 
         def train_function(iterator):
-            logs, self.carried = execute(iterator)
+            logs, self.read_at_call_end = execute(iterator)
             return logs
 
         model.train_function = train_function

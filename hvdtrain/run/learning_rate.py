@@ -1,15 +1,15 @@
 """A run's learning rate as a function of the batch: --learning_rate scaled
 for the data-parallel replicas, warmed up over --warmup_epochs from one
 replica's rate, then --lr_schedule (or lowered on a plateau). The train step
-sets it at every batch (hvdtrain.parallel.data.step_rate); a constant rate
+sets it at every batch (hvdtrain.parallel.data_parallel.learning_rate_in_step); a constant rate
 needs no work there."""
 
 import keras
 import tensorflow as tf
 
-from hvdtrain import schedules
-from hvdtrain.parallel.data import optimizer as optimizer_lib
-from hvdtrain.parallel.data.step_rate import StepRate
+from hvdtrain import lr_schedules
+from hvdtrain.parallel.data_parallel import optimizer as optimizer_lib
+from hvdtrain.parallel.data_parallel.learning_rate_in_step import StepRate
 
 __all__ = ["TrainingRate", "set_up", "stand_at"]
 
@@ -20,13 +20,13 @@ def _where(condition, yes, no):
 
 
 # The operations schedules' formulas use, on float64 tensors.
-_TENSORFLOW = type(schedules.PYTHON)(cos=tf.math.cos, floor=tf.math.floor,
+_TENSORFLOW = type(lr_schedules.PYTHON)(cos=tf.math.cos, floor=tf.math.floor,
                                       minimum=tf.minimum, where=_where)
 
 
 class TrainingRate(keras.optimizers.schedules.LearningRateSchedule):
     """The rate of batch `batch` (counted from 0 over the run), computed in
-    float64 as hvdtrain.schedules' formulas are in Python.
+    float64 as hvdtrain.lr_schedules' formulas are in Python.
 
     What depends on the workers is set by `start` at each start of training
     (a run may resume on another number of them); a plateau's lowerings by
@@ -38,7 +38,7 @@ class TrainingRate(keras.optimizers.schedules.LearningRateSchedule):
         warmup_epochs: Epochs of warm-up (0: none); warm-up holds while the
             epoch begun is below it, so a fractional one holds its final
             rate to the next whole epoch.
-        schedule: A name of schedules.AFTER_WARMUP, or schedules.PLATEAU.
+        schedule: A name of lr_schedules.AFTER_WARMUP, or lr_schedules.PLATEAU.
     """
 
     def __init__(self, learning_rate, epochs, warmup_epochs, schedule):
@@ -46,8 +46,8 @@ class TrainingRate(keras.optimizers.schedules.LearningRateSchedule):
         self.epochs = epochs
         self.warmup_epochs = warmup_epochs
         self.schedule = schedule
-        self._after = (None if schedule == schedules.PLATEAU
-                       else schedules.after_warmup(schedule, epochs, warmup_epochs))
+        self._after = (None if schedule == lr_schedules.PLATEAU
+                       else lr_schedules.after_warmup(schedule, epochs, warmup_epochs))
         self.steps_per_epoch = tf.Variable(1, dtype=tf.int64, trainable=False)
         self.replicas = tf.Variable(1, dtype=tf.float64, trainable=False)
         self.lowered = tf.Variable(1, dtype=tf.float64, trainable=False)   # by a plateau
@@ -70,8 +70,8 @@ class TrainingRate(keras.optimizers.schedules.LearningRateSchedule):
             self._after(fractional, _TENSORFLOW) * self.lowered)
         if not self.warmup_epochs:
             return scaled * after
-        warm = schedules.warmup(fractional, self.warmup_epochs, self.replicas, steps,
-                                _TENSORFLOW)
+        warm = lr_schedules.warmup(fractional, self.warmup_epochs, self.replicas, steps,
+                                   _TENSORFLOW)
         return tf.where(epoch < self.warmup_epochs, scaled * warm, scaled * after)
 
     def get_config(self):

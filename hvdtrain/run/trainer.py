@@ -13,16 +13,16 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from hvdtrain import callbacks, layout, runtime, schedules
+from hvdtrain import callbacks, layout, lr_schedules, runtime
 from hvdtrain import recipe as recipe_lib
 from hvdtrain.data import input_errors
 from hvdtrain.errors import TrainingError, UsageError
 from hvdtrain.faults import preemption, watchdog
-from hvdtrain.parallel import collectives, sharding
-from hvdtrain.parallel.data import optimizer as optimizer_lib
-from hvdtrain.parallel.data import statistics
+from hvdtrain.parallel import collectives, split_variables
+from hvdtrain.parallel.data_parallel import optimizer as optimizer_lib
+from hvdtrain.parallel.data_parallel import statistics
 from hvdtrain.run import compiled_model, executions, fit, learning_rate
-from hvdtrain.state import checkpoint, elastic, export, run_lock, training_state, whole_state
+from hvdtrain.state import checkpoint, elastic_state, export, run_lock, training_state, whole_state
 from hvdtrain.state.model_dir import DEFAULT_PARENT, check_usable
 from hvdtrain.state.training_state import Position
 from hvdtrain.tools import flops, throughput
@@ -118,7 +118,7 @@ def _stops_cleanly(config):
     """Whether a signal stops this run with a checkpoint: there are
     checkpoints, and it is not elastic (where a signalled worker is lost)."""
     return bool(config.preemption_signals and config.keep_checkpoints
-                and not elastic.launched())
+                and not elastic_state.launched())
 
 
 def _train(config, recipe, model_dir):
@@ -127,15 +127,15 @@ def _train(config, recipe, model_dir):
     model = compiled_model.build(recipe, config)
     learning_rate.set_up(model.optimizer, config)
 
-    if elastic.launched():
-        if (sharding.has_shards(model) or layout.tensor_size() > 1
+    if elastic_state.launched():
+        if (split_variables.has_shards(model) or layout.tensor_size() > 1
                 or layout.pipeline_size() > 1):
             raise UsageError("elastic mode cannot reshard weights split across workers "
                              "(ShardedEmbedding, tensor-parallel layers, pipeline stages) when "
                              "workers come and go; run with a fixed -np, --resume reshards them "
                              "at another number of workers")
-        state = elastic.KerasState(model, position=None, kept_states={})
-        result = elastic.run(_train_from)(state, model, recipe, config, model_dir)
+        state = elastic_state.KerasState(model, position=None, kept_states={})
+        result = elastic_state.run(_train_from)(state, model, recipe, config, model_dir)
     else:
         vote = stop_vote(model) if preemption.handling() else None
         result = _train_from(None, model, recipe, config, model_dir, vote)
@@ -160,7 +160,8 @@ def stop_vote(model):
     (run/executions.py). Before the first step: the step is traced then."""
     vote = callbacks.StopVote()
     optimizer_lib.add_step_exchange(model.optimizer, vote.exchange)
-    vote.outcome = executions.of(model).carry("hvdtrain.stop_vote", vote.agreed.value)
+    vote.outcome = executions.of(model).read_at_each_call_end("hvdtrain.stop_vote",
+                                                              vote.agreed.value)
     return vote
 
 
@@ -183,7 +184,7 @@ def _train_from(state, model, recipe, config, model_dir, vote=None):
 
     Without `state` (not elastic) it runs once. Under horovodrun's elastic
     mode it runs again on every restart (`state`: the model's
-    elastic.KerasState, set to the last commit on every worker), so all that
+    elastic_state.KerasState, set to the last commit on every worker), so all that
     depends on the workers is made here: the data's shards and steps, the
     scaled learning rate, the callbacks (warm-up, checkpoints).
     """
@@ -251,7 +252,7 @@ def _parameters(model):
     """The whole model's trainable parameters (of every part of split
     weights, and every stage of a pipeline)."""
     whole = getattr(model, "whole", model)
-    return sum(math.prod(sharding.logical_shape(v)) for v in whole.trainable_weights)
+    return sum(math.prod(split_variables.logical_shape(v)) for v in whole.trainable_weights)
 
 
 def _close_summaries(ordered):
@@ -302,7 +303,7 @@ def _starting_point(state, model, config, checkpoints, steps):
 def _check_watched_metric(config, validation_data):
     """Early stopping and the plateau schedule need the metric they watch:
     a validation metric needs validation data."""
-    watching = config.early_stopping_patience or config.lr_schedule == schedules.PLATEAU
+    watching = config.early_stopping_patience or config.lr_schedule == lr_schedules.PLATEAU
     if watching and config.best_metric.startswith("val_") and validation_data is None:
         raise UsageError(f"--best_metric={config.best_metric} is a validation metric, and "
                          f"recipe {config.recipe} has no validation data: watch a training "
@@ -352,7 +353,7 @@ def _callbacks(state, vote, config, model_dir, steps, validation_steps, start, r
     if config.nan_policy == "fail":
         chosen.append(callbacks.FailOnNonFiniteLoss())
     chosen.append(callbacks.LearningRateLog())
-    if config.lr_schedule == schedules.PLATEAU:
+    if config.lr_schedule == lr_schedules.PLATEAU:
         chosen.append(callbacks.PlateauLearningRate(
             config.best_metric, config.plateau_factor, config.plateau_patience,
             config.warmup_epochs, state=kept_states.get(callbacks.PlateauLearningRate.state_key)))

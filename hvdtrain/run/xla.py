@@ -21,8 +21,8 @@ from keras.src import tree
 from keras.src.losses import loss as loss_module
 
 from hvdtrain.errors import UsageError
-from hvdtrain.parallel import sharding
-from hvdtrain.parallel.data import optimizer as optimizer_lib
+from hvdtrain.parallel import split_variables
+from hvdtrain.parallel.data_parallel import optimizer as optimizer_lib
 
 __all__ = ["jit_compile"]
 
@@ -55,10 +55,10 @@ def jit_compile(model):
     if model.jit_compile:
         raise UsageError("jit_compile(model): compile the model with jit_compile=False; this "
                          "compiles all of its train step but Horovod's collectives")
-    if sharding.has_rows_sharded(model):
-        raise UsageError(f"jit_compile(model): {sharding.NO_XLA}")
-    if sharding.has_shards(model):
-        raise UsageError(f"jit_compile(model): {sharding.NO_XLA_TENSOR_PARALLEL}")
+    if split_variables.has_rows_sharded(model):
+        raise UsageError(f"jit_compile(model): {split_variables.NO_XLA}")
+    if split_variables.has_shards(model):
+        raise UsageError(f"jit_compile(model): {split_variables.NO_XLA_TENSOR_PARALLEL}")
     model.train_step = _CompiledTrainStep(model)
     optimizer_lib.compile_updates(model.optimizer)
     model.train_function = None   # Keras traces the step again at the next fit

@@ -3,7 +3,7 @@
 Checkpoints and exports treat the state as one list of whole variables; the
 workers hold it in parts:
 - a tensor-parallel weight or a sharded table is split over the ranks of
-  a stage (hvdtrain.parallel.sharding brings it whole to the stage's first
+  a stage (hvdtrain.parallel.split_variables brings it whole to the stage's first
   rank, and back);
 - with pipeline parallelism each stage holds its own layers and their
   optimizer state: the stages' leaders (each stage's rank in replica 0 at
@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import layout
-from hvdtrain.parallel import collectives, pipeline, sharding
+from hvdtrain.parallel import collectives, pipeline_parallel, split_variables
 
 __all__ = ["describe", "gather", "plain_model", "scatter"]
 
@@ -30,14 +30,14 @@ def plain_model(model):
     """`model` as one plain Keras model on rank 0, for exporting and serving
     without hvdtrain: a pipeline's stages joined, each with its leader's
     weights; split weights whole in the plain layers they split
-    (sharding.replicated_copy). Call it on every rank.
+    (split_variables.replicated_copy). Call it on every rank.
 
     Returns:
         The model on rank 0 (uncompiled where it is a copy); None on the
         other ranks.
     """
-    if not isinstance(model, pipeline.Pipeline):
-        return sharding.replicated_copy(model)
+    if not isinstance(model, pipeline_parallel.Pipeline):
+        return split_variables.replicated_copy(model)
     weights = model.weights
     described = describe(weights)
     values = gather(weights, weights, name="hvdtrain.export")
@@ -46,9 +46,9 @@ def plain_model(model):
     whole = model.whole
     # The whole model, in host memory: it need not fit one device.
     with tf.device("/CPU:0"):
-        pipeline.on_host(whole.variables)   # seed generators' states too
-        return sharding.plain_copy(whole, {path: value for (path, _, _), value
-                                           in zip(described, values)})
+        pipeline_parallel.on_host(whole.variables)   # seed generators' states too
+        return split_variables.plain_copy(whole, {path: value for (path, _, _), value
+                                                  in zip(described, values)})
 
 
 def describe(variables):
@@ -63,8 +63,8 @@ def gather(variables, values, name):
     """The whole state on rank 0: every stage's `values` (of its
     `variables`), split ones whole, as NumPy arrays in stage order; None on
     the other ranks. Call it on every rank with its own variables."""
-    values = sharding.gather(variables, values, name=f"{name}.stage{layout.pipeline_rank()}",
-                             process_set=layout.stage_set())
+    values = split_variables.gather(variables, values, name=f"{name}.stage{layout.pipeline_rank()}",
+                                    process_set=layout.stage_set())
     if hvd.rank() not in layout.stage_leaders():
         return None
     values = [np.asarray(keras.ops.convert_to_numpy(v)) for v in values]
@@ -97,15 +97,15 @@ def scatter(variables, values, name):
             received = _pass(sending, _size(stages[stage]), stage, f"{name}.to_stage{stage}")
             if layout.pipeline_rank() == stage:
                 values = _arrays(received, stages[stage])
-    unsplit = [v for v in variables if not sharding.is_sharded(v)]
+    unsplit = [v for v in variables if not split_variables.is_sharded(v)]
     if leading:
         for variable, value in zip(variables, values):
-            if not sharding.is_sharded(variable):
+            if not split_variables.is_sharded(variable):
                 variable.assign(value)
     stage = f"{name}.stage{layout.pipeline_rank()}"
     collectives.broadcast_over(unsplit, layout.stage_set(), layout.stage_leaders()[
         layout.pipeline_rank()], name=f"{stage}.unsplit")
-    sharding.scatter(variables, values, name=stage, process_set=layout.stage_set())
+    split_variables.scatter(variables, values, name=stage, process_set=layout.stage_set())
 
 
 _NOTHING = np.zeros(0, np.uint8)
@@ -115,7 +115,7 @@ _PIECE = 1 << 30   # bytes per alltoall
 def _stages_entries(variables):
     """[[(path, whole shape, dtype name)] of each stage], on the stages'
     leaders (None on the other ranks)."""
-    mine = [(v.path, tuple(sharding.logical_shape(v)), str(v.dtype)) for v in variables]
+    mine = [(v.path, tuple(split_variables.logical_shape(v)), str(v.dtype)) for v in variables]
     if hvd.rank() not in layout.stage_leaders():
         return None
     if layout.pipeline_size() == 1:

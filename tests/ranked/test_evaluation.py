@@ -40,7 +40,7 @@ def test_the_replicas_statistics_become_their_average_and_frozen_weights_stay():
     import keras
     import numpy as np
 
-    from hvdtrain.parallel.data.statistics import average_statistics
+    from hvdtrain.parallel.data_parallel.statistics import average_statistics
 
     keras.utils.set_random_seed(0)   # the same frozen weights on every rank, as broadcast
     inputs = keras.Input((3,))

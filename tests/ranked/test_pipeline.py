@@ -1,4 +1,4 @@
-"""Pipeline parallelism (hvdtrain.parallel.pipeline) against the whole model
+"""Pipeline parallelism (hvdtrain.parallel.pipeline_parallel) against the whole model
 in one process:
 
 - a model cut into 2 stages and fed 4 micro-batches a step, trained for 5
@@ -32,9 +32,9 @@ import pytest
 
 from hvdtrain import callbacks, layout
 from hvdtrain.layers import ColumnParallelDense, RowParallelDense, set_whole_weights
-from hvdtrain.parallel import collectives, pipeline, sharding
-from hvdtrain.parallel.data.optimizer import DistributedOptimizer
-from hvdtrain.parallel.pipeline import stage_weights
+from hvdtrain.parallel import collectives, pipeline_parallel, split_variables
+from hvdtrain.parallel.data_parallel.optimizer import DistributedOptimizer
+from hvdtrain.parallel.pipeline_parallel import stage_weights
 from hvdtrain.state import checkpoint
 from launch import horovodrun, hvdtrain_command
 from ranked.support import (
@@ -86,7 +86,8 @@ def train_both(schedule, tensor_parallel=1, precision=None):
     layout.arrange(tensor_parallel, 2)
     model = residual(split=tensor_parallel > 1)
     set_whole_weights(model, start)
-    pipelined = pipeline.Pipeline(pipeline.cut(model, at=["block"]), MICROBATCHES, schedule)
+    pipelined = pipeline_parallel.Pipeline(pipeline_parallel.cut(model, at=["block"]),
+                                           MICROBATCHES, schedule)
     pipelined.compile(DistributedOptimizer(sgd(), process_set=layout.data_set()), "mse",
                       metrics=["mae"])
     mine = replica_rows(global_batch, STEPS)
@@ -100,7 +101,7 @@ def assert_stage_equals_its_layers(whole, pipelined, start, tolerance, moved_pas
     moved = 0.0
     for weight in pipelined.stage.weights:
         expected, initial = reference[weight.path]
-        placement = sharding.placement_of(weight)
+        placement = split_variables.placement_of(weight)
         if placement is not None:
             expected = placement.part(expected, hvd.rank(), hvd.size())
             initial = placement.part(initial, hvd.rank(), hvd.size())
@@ -291,9 +292,9 @@ def test_a_stage_gives_values_to_its_own_weights_only_and_they_are_the_whole_mod
     start = residual(split=False).get_weights()
     layout.arrange(1, 2)
     keras.utils.set_random_seed(5)
-    with pipeline.deferred():
+    with pipeline_parallel.deferred():
         model = residual(split=False)
-    pipelined = pipeline.Pipeline(pipeline.cut(model, at=["block"]), MICROBATCHES)
+    pipelined = pipeline_parallel.Pipeline(pipeline_parallel.cut(model, at=["block"]), MICROBATCHES)
     mine = {id(v) for v in pipelined.stage.weights}
     others = [v for v in model.weights if id(v) not in mine]
     assert others and all(stage_weights.is_deferred(v) for v in others)

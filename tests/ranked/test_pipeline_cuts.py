@@ -23,8 +23,8 @@ import pytest
 
 from hvdtrain import layout
 from hvdtrain import recipe as recipe_lib
-from hvdtrain.parallel import pipeline
-from hvdtrain.parallel.data.optimizer import DistributedOptimizer
+from hvdtrain.parallel import pipeline_parallel
+from hvdtrain.parallel.data_parallel.optimizer import DistributedOptimizer
 
 pytestmark = pytest.mark.launches(np=2, controllers=("gloo",))
 
@@ -65,7 +65,7 @@ RECIPES = {
 def _built(recipe, config, deferred=False):
     keras.utils.set_random_seed(11)
     if deferred:
-        with pipeline.deferred():
+        with pipeline_parallel.deferred():
             model = recipe.make_model(config)
     else:
         model = recipe.make_model(config)
@@ -94,8 +94,8 @@ def test_the_recipes_model_cut_in_two_trains_as_the_whole(name):
 
     layout.arrange(1, 2)
     model = _built(recipe, config, deferred=True)
-    stages = pipeline.cut(model, stages=2)
-    pipelined = pipeline.Pipeline(stages, MICROBATCHES)
+    stages = pipeline_parallel.cut(model, stages=2)
+    pipelined = pipeline_parallel.Pipeline(stages, MICROBATCHES)
     mine = {id(v) for v in pipelined.stage.weights}
     held = [(v, s, w) for v, s, w in zip(model.weights, start, whole.weights) if id(v) in mine]
     for variable, value, _ in held:

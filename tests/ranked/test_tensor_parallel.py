@@ -1,4 +1,4 @@
-"""Tensor parallelism (hvdtrain.parallel.tensor) against the unsplit model
+"""Tensor parallelism (hvdtrain.parallel.tensor_parallel) against the unsplit model
 in one process:
 
 - each layer (an MLP of a column- then a row-parallel dense layer, with a
@@ -38,9 +38,9 @@ from hvdtrain.layers import (
     VocabParallelSparseCategoricalCrossentropy,
     set_whole_weights,
 )
-from hvdtrain.parallel import sharding
-from hvdtrain.parallel.data.optimizer import DistributedOptimizer
-from hvdtrain.parallel.tensor import operators
+from hvdtrain.parallel import split_variables
+from hvdtrain.parallel.data_parallel.optimizer import DistributedOptimizer
+from hvdtrain.parallel.tensor_parallel import operators
 from launch import horovodrun, hvdtrain_command
 from ranked.support import (
     gathered,
@@ -137,7 +137,7 @@ def train_both(build, data, labels, loss, split_loss, tensor_parallel, optimizer
 def assert_parts_equal(whole, split, start, tolerance, moved_past=1000):
     moved = 0.0
     for reference, part, initial in zip(whole.weights, split.weights, start):
-        placement = sharding.placement_of(part)
+        placement = split_variables.placement_of(part)
         expected = reference.numpy()
         if placement is not None:
             expected = placement.part(expected, hvd.rank(), hvd.size())
@@ -182,9 +182,9 @@ def test_each_layer_trains_as_the_unsplit_one_over_replicas(case, tensor_paralle
 @pytest.mark.launches(controllers=("gloo",))
 def test_adam_slots_of_the_parts_follow_the_unsplit_update():
     whole, split = check_layer("mlp", 2, optimizer=ADAM, tolerance=2e-5)
-    slots = [v for v in split.optimizer.variables if sharding.is_sharded(v)]
+    slots = [v for v in split.optimizer.variables if split_variables.is_sharded(v)]
     # Adam's two moments of each split weight are split like it (checkpoints gather them).
-    assert len(slots) == 2 * sum(sharding.is_sharded(w) for w in split.trainable_weights)
+    assert len(slots) == 2 * sum(split_variables.is_sharded(w) for w in split.trainable_weights)
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16"])

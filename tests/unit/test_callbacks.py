@@ -12,8 +12,8 @@ import hvdtrain
 import momentum_reference
 from hvdtrain.errors import UsageError
 from hvdtrain.keras import callbacks
-from hvdtrain.parallel.data import optimizer as optimizer_lib
-from hvdtrain.parallel.data.step_rate import StepRate
+from hvdtrain.parallel.data_parallel import optimizer as optimizer_lib
+from hvdtrain.parallel.data_parallel.learning_rate_in_step import StepRate
 
 
 @pytest.fixture(scope="module", autouse=True)

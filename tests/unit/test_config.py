@@ -85,7 +85,7 @@ def test_every_numeric_setting_declares_its_range():
 
 
 def test_every_compression_name_is_an_algorithm_of_compression():
-    from hvdtrain.parallel.data.compression import Compression
+    from hvdtrain.parallel.data_parallel.compression import Compression
 
     algorithms = {name for name in vars(Compression) if not name.startswith("_")}
     assert set(config.COMPRESSIONS) == algorithms

@@ -1,6 +1,6 @@
 """A model's forward pass on batches without examples
 (hvdtrain.parallel.empty_batches) and the evaluation step that uses it
-(hvdtrain.parallel.data.evaluation.EmptyBatchesStep): TensorFlow 2.21's
+(hvdtrain.parallel.data_parallel.evaluation.EmptyBatchesStep): TensorFlow 2.21's
 convolutions on CPU (oneDNN) return their input unchanged on zero rows, and
 an evaluation shard's end is such a batch."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.parallel import empty_batches
-from hvdtrain.parallel.data.evaluation import EmptyBatchesStep
+from hvdtrain.parallel.data_parallel.evaluation import EmptyBatchesStep
 
 
 def conv_model():

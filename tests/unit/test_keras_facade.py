@@ -12,7 +12,7 @@ import pytest
 
 import hvdtrain.keras as hvd
 from hvdtrain.errors import UsageError
-from hvdtrain.parallel.data.optimizer import is_distributed
+from hvdtrain.parallel.data_parallel.optimizer import is_distributed
 
 # Read from the installed Horovod's source: importing its Keras module would
 # load Keras 2-only code.

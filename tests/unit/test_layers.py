@@ -22,10 +22,11 @@ LAYERS = (                                   # lowest first
     ("layout",),                             # which worker does what: replicas, groups
     ("runtime",),                            # one Horovod worker
     ("parallel", "tools"),                   # collectives and placement; doctor, report, ...
-    ("parallel.embedding", "parallel.pipeline", "parallel.tensor"),  # rows; stages; split layers
-    ("parallel.data",),                      # the optimizer, over every strategy's gradients
+    ("parallel.sharded_tables", "parallel.pipeline_parallel",   # rows; stages;
+     "parallel.tensor_parallel"),                               # split layers
+    ("parallel.data_parallel",),             # the optimizer, over every strategy's gradients
     ("datasets",),                           # TFDS datasets built locally, once
-    ("data", "state", "schedules"),
+    ("data", "state", "lr_schedules"),
     ("callbacks", "config"),
     ("recipe", "layers", "keras"),           # settings of a recipe; the public facades
     ("run",),                                # the trainer and the evaluator
@@ -91,7 +92,7 @@ def test_every_import_goes_down_the_table():
 
 def test_a_lower_package_importing_a_higher_one_is_caught():
     planted = {"hvdtrain.faults.watchdog": {"hvdtrain.run.trainer"},
-               "hvdtrain.parallel.data.optimizer": {"hvdtrain.parallel.sharding"},
+               "hvdtrain.parallel.data_parallel.optimizer": {"hvdtrain.parallel.split_variables"},
                "hvdtrain.state.checkpoint": {"hvdtrain.data.files"}}
     assert wrong_way(planted) == [
         "hvdtrain.faults.watchdog (faults) -> hvdtrain.run.trainer (run)",
@@ -144,7 +145,8 @@ def drawn():
     """The arrows of the architecture page's package diagram, as units."""
     page = ARCHITECTURE.read_text()
     diagram = page.split("## Packages", 1)[1].split("```mermaid", 1)[1].split("```", 1)[0]
-    return {tuple(node.replace("_", ".") for node in arrow)
+    unit_of_node = {unit.replace(".", "_"): unit for unit in RANK}   # ids cannot hold dots
+    return {tuple(unit_of_node.get(node, node) for node in arrow)
             for arrow in re.findall(r"(\w+)(?:\[[^\]]*\])? --> (\w+)", diagram)}
 
 

@@ -13,8 +13,8 @@ import hvdtrain
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 from hvdtrain.layout import Layout
-from hvdtrain.parallel import pipeline
-from hvdtrain.parallel.pipeline import schedules
+from hvdtrain.parallel import pipeline_parallel
+from hvdtrain.parallel.pipeline_parallel import schedules
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -106,16 +106,16 @@ def _chained(stages, x):
 def test_a_cut_takes_every_tensor_made_before_it_and_used_after_it():
     model = residual_model()
     assert [(layer.name, [t._keras_history.operation.name for t in crossing])
-            for layer, crossing in pipeline.boundaries(model)] == [
+            for layer, crossing in pipeline_parallel.boundaries(model)] == [
         ("embed", ["embed"]), ("inner", ["embed", "inner"]), ("block", ["block"]),
         ("mix", ["mix"])]
     x = np.random.default_rng(0).normal(size=(5, 6)).astype("float32")
-    stages = pipeline.cut(model, at=["block"])
+    stages = pipeline_parallel.cut(model, at=["block"])
     assert [[layer.name for layer in s.layers if layer.weights] for s in stages] == [
         ["embed", "inner"], ["mix", "head"]]
     np.testing.assert_allclose(_chained(stages, x), model(x), rtol=1e-6)
     # Inside the residual block, the skip connection crosses too.
-    inside = pipeline.cut(model, at=["inner"])
+    inside = pipeline_parallel.cut(model, at=["inner"])
     assert len(inside[1].inputs) == 2
     np.testing.assert_allclose(_chained(inside, x), model(x), rtol=1e-6)
 
@@ -127,7 +127,7 @@ def test_a_tensor_needed_stages_later_passes_through_the_stages_between():
     h = keras.layers.Dense(4, name="first")(keras.layers.Flatten()(h))
     h = keras.layers.Dense(5, name="second")(h)
     model = keras.Model(tokens, keras.layers.Dense(2, name="head")(h * mask))
-    stages = pipeline.cut(model, at=["first", "second"])
+    stages = pipeline_parallel.cut(model, at=["first", "second"])
     assert [len(s.inputs) for s in stages] == [1, 2, 2]
     ids = np.array([[1, 2, 0, 0, 0], [3, 4, 5, 6, 7]], "int32")
     np.testing.assert_allclose(_chained(stages, ids), model(ids), rtol=1e-6)
@@ -136,8 +136,8 @@ def test_a_tensor_needed_stages_later_passes_through_the_stages_between():
 def test_a_sequential_model_cuts_at_indices_or_names():
     model = keras.Sequential([keras.Input((4,)), *[keras.layers.Dense(4, name=f"d{i}")
                                                    for i in range(4)]])
-    by_index = pipeline.cut(model, at=[1, 3])
-    by_name = pipeline.cut(model, at=["d0", "d2"])
+    by_index = pipeline_parallel.cut(model, at=[1, 3])
+    by_name = pipeline_parallel.cut(model, at=["d0", "d2"])
     for stages in (by_index, by_name):
         assert [[layer.name for layer in s.layers if layer.weights] for s in stages] == [
             ["d0"], ["d1", "d2"], ["d3"]]
@@ -148,7 +148,7 @@ def test_stages_of_about_equal_parameters_when_no_cut_points_are_given():
     h = x
     for i, width in enumerate([8, 8, 64, 8, 8]):
         h = keras.layers.Dense(width, name=f"d{i}")(h)
-    stages = pipeline.cut(keras.Model(x, h), stages=2)
+    stages = pipeline_parallel.cut(keras.Model(x, h), stages=2)
     # 72 + 72 + 576 | 520 + 72 parameters: the cut nearest half of 1312.
     assert [layer.name for layer in stages[0].layers if layer.weights] == ["d0", "d1", "d2"]
 
@@ -161,7 +161,7 @@ def test_stages_of_about_equal_parameters_when_no_cut_points_are_given():
 ])
 def test_cut_points_that_do_not_cut_the_model_are_refused(at, message):
     with pytest.raises(UsageError, match=message):
-        pipeline.cut(residual_model(), at=at)
+        pipeline_parallel.cut(residual_model(), at=at)
 
 
 def test_a_layer_with_state_of_its_own_is_not_split_between_stages():
@@ -174,7 +174,7 @@ def test_a_layer_with_state_of_its_own_is_not_split_between_stages():
             "cannot be cut after layer 'before': layer 'shared_norm' runs on both sides of it "
             "and keeps state of its own .*moving_mean.*; cut where its calls stay in one "
             r"stage: after one of no layer \(by name\)")):
-        pipeline.cut(model, at=["before"])
+        pipeline_parallel.cut(model, at=["before"])
 
 
 def test_a_sparse_tensor_does_not_cross_a_cut():
@@ -183,7 +183,7 @@ def test_a_sparse_tensor_does_not_cross_a_cut():
     both = keras.layers.Concatenate()([h, keras.layers.Dense(4, name="again")(x)])
     model = keras.Model(x, keras.layers.Dense(2, name="head")(both))
     with pytest.raises(UsageError, match="a sparse tensor, would cross it"):
-        pipeline.cut(model, at=["first"])
+        pipeline_parallel.cut(model, at=["first"])
 
 
 def test_a_tied_embedding_is_held_by_both_stages_it_runs_on():
@@ -191,7 +191,7 @@ def test_a_tied_embedding_is_held_by_both_stages_it_runs_on():
     embedding = keras.layers.ReversibleEmbedding(10, 4, name="tokens")
     h = keras.layers.Dense(4, name="mix")(embedding(ids))
     model = keras.Model(ids, embedding(h, reverse=True))
-    first, second = pipeline.cut(model, at=["mix"])
+    first, second = pipeline_parallel.cut(model, at=["mix"])
     assert [v.path for v in first.weights] == ["tokens/embeddings", "mix/kernel", "mix/bias"]
     assert [v.path for v in second.weights] == ["tokens/embeddings"]
     assert first.weights[0] is second.weights[0]
@@ -200,26 +200,26 @@ def test_a_tied_embedding_is_held_by_both_stages_it_runs_on():
 def test_indices_out_of_range_and_subclassed_models_are_refused():
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4), keras.layers.Dense(4)])
     with pytest.raises(UsageError, match="leaves a stage empty.*from 1 to 1"):
-        pipeline.cut(model, at=[2])
+        pipeline_parallel.cut(model, at=[2])
     with pytest.raises(UsageError, match="indices cut Sequential models"):
-        pipeline.cut(residual_model(), at=[1])
+        pipeline_parallel.cut(residual_model(), at=[1])
 
     class Subclassed(keras.Model):
         def call(self, x):
             return x
 
     with pytest.raises(UsageError, match="not a Sequential or functional model"):
-        pipeline.cut(Subclassed(), stages=2)
+        pipeline_parallel.cut(Subclassed(), stages=2)
 
 
 def test_a_pipeline_needs_one_stage_per_pipeline_rank_and_a_known_schedule():
-    stages = pipeline.cut(residual_model(), at=["block"])
+    stages = pipeline_parallel.cut(residual_model(), at=["block"])
     with pytest.raises(UsageError, match="2 pipeline stages and the layout 1"):
-        pipeline.Pipeline(stages, microbatches=2)
+        pipeline_parallel.Pipeline(stages, microbatches=2)
     with pytest.raises(UsageError, match="schedule 'zigzag' is not one of 1f1b, gpipe"):
-        pipeline.Pipeline(stages[:1], microbatches=2, schedule="zigzag")
+        pipeline_parallel.Pipeline(stages[:1], microbatches=2, schedule="zigzag")
     with pytest.raises(UsageError, match="microbatches must be a positive integer"):
-        pipeline.Pipeline(stages[:1], microbatches=0)
+        pipeline_parallel.Pipeline(stages[:1], microbatches=0)
 
 
 def test_one_stage_in_microbatches_trains_as_the_whole_batch():
@@ -233,7 +233,7 @@ def test_one_stage_in_microbatches_trains_as_the_whole_batch():
     expected = whole.fit(x, y, batch_size=10, shuffle=False, verbose=0).history
     model = residual_model()
     model.set_weights(start)
-    one_stage = pipeline.Pipeline([model], microbatches=3)   # 10 rows: 4, 3, 3
+    one_stage = pipeline_parallel.Pipeline([model], microbatches=3)   # 10 rows: 4, 3, 3
     one_stage.compile(keras.optimizers.SGD(0.1, momentum=0.9), "mse", metrics=["mae"])
     history = one_stage.fit(x, y, batch_size=10, shuffle=False, verbose=0).history
     for name, values in expected.items():
@@ -243,7 +243,7 @@ def test_one_stage_in_microbatches_trains_as_the_whole_batch():
 
 
 def test_xla_and_loss_scaling_are_refused_at_compile():
-    one_stage = pipeline.Pipeline([residual_model()], microbatches=2)
+    one_stage = pipeline_parallel.Pipeline([residual_model()], microbatches=2)
     with pytest.raises(UsageError, match="cannot be compiled with XLA"):
         one_stage.compile("sgd", "mse", jit_compile=True)
     with pytest.raises(UsageError, match="loss-scale optimizer"):

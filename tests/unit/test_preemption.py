@@ -14,7 +14,7 @@ from hvdtrain import callbacks
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 from hvdtrain.faults import preemption
-from hvdtrain.parallel.data import optimizer
+from hvdtrain.parallel.data_parallel import optimizer
 from hvdtrain.state import checkpoint
 
 

@@ -124,7 +124,7 @@ def test_gradients_overlap_backprop_where_the_exchange_has_room(
     (True, 3, 0, [[0], [1], [2]]),
 ])
 def test_the_default_groups_follow_the_host(monkeypatch, overlap, groups, num_groups, split):
-    from hvdtrain.parallel.data.reduction import GradientReducer, chosen_groups
+    from hvdtrain.parallel.data_parallel.reduction import GradientReducer, chosen_groups
 
     monkeypatch.setattr(runtime, "gradients_overlap_backprop", lambda: overlap)
     reducer = GradientReducer(groups=chosen_groups(groups, num_groups))

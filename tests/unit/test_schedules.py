@@ -1,33 +1,33 @@
 import pytest
 
-from hvdtrain import schedules
+from hvdtrain import lr_schedules
 from hvdtrain.config import TrainConfig
 from hvdtrain.errors import UsageError
 
 
 def test_constant_keeps_the_scaled_rate():
-    multiplier = schedules.after_warmup("constant", epochs=8, warmup_epochs=2)
+    multiplier = lr_schedules.after_warmup("constant", epochs=8, warmup_epochs=2)
     assert [multiplier(epoch) for epoch in (2, 5.5, 7.9)] == [1.0, 1.0, 1.0]
 
 
 def test_step_divides_by_ten_at_half_and_three_quarters_of_whole_epochs():
-    multiplier = schedules.after_warmup("step", epochs=8, warmup_epochs=2)
+    multiplier = lr_schedules.after_warmup("step", epochs=8, warmup_epochs=2)
     assert [multiplier(epoch) for epoch in (2, 3.99, 4, 5.5, 6, 7.9)] == pytest.approx(
         [1, 1, 0.1, 0.1, 0.01, 0.01])
 
 
 def test_cosine_decays_from_the_end_of_warm_up_to_zero_at_the_last_epoch():
-    multiplier = schedules.after_warmup("cosine", epochs=10, warmup_epochs=2)
+    multiplier = lr_schedules.after_warmup("cosine", epochs=10, warmup_epochs=2)
     assert [multiplier(epoch) for epoch in (2, 6, 10)] == pytest.approx([1, 0.5, 0])
 
 
 def test_an_unknown_schedule_names_the_ones_there_are():
     with pytest.raises(UsageError, match="unknown learning-rate schedule 'linear'; "
                                          "choose one of constant, cosine, step"):
-        schedules.after_warmup("linear", epochs=8, warmup_epochs=2)
+        lr_schedules.after_warmup("linear", epochs=8, warmup_epochs=2)
 
 
-@pytest.mark.parametrize("name", schedules.AFTER_WARMUP)
+@pytest.mark.parametrize("name", lr_schedules.AFTER_WARMUP)
 def test_every_schedule_is_a_valid_setting(name):
     TrainConfig(lr_schedule=name).validate()
 
@@ -61,19 +61,19 @@ def test_the_step_rate_decays_along_a_cosine_after_a_fractional_warm_up():
     assert rates[-1] < 0.03 and all(a > b for a, b in zip(rates[4:], rates[5:]))
 
 
-@pytest.mark.parametrize("name", [*schedules.AFTER_WARMUP, schedules.PLATEAU])
+@pytest.mark.parametrize("name", [*lr_schedules.AFTER_WARMUP, lr_schedules.PLATEAU])
 def test_the_step_rate_is_the_python_formulas_batch_by_batch(name):
     # Warm-up from one replica's rate while the epoch begun is below 1.5,
     # counting the batch being started; then the schedule of the epoch.
     steps, replicas, epochs, warmup_epochs, learning_rate = 5, 4, 6, 1.5, 0.1
     rate = _training_rate(epochs, warmup_epochs, name, steps, replicas, learning_rate)
-    after = (lambda epoch: 1.0) if name == schedules.PLATEAU else schedules.after_warmup(
+    after = (lambda epoch: 1.0) if name == lr_schedules.PLATEAU else lr_schedules.after_warmup(
         name, epochs, warmup_epochs)
     expected = []
     for epoch in range(epochs):
         for batch in range(steps):
             fractional = epoch + batch / steps
-            multiplier = (schedules.warmup(fractional, warmup_epochs, replicas, steps)
+            multiplier = (lr_schedules.warmup(fractional, warmup_epochs, replicas, steps)
                           if epoch < warmup_epochs else after(fractional))
             expected.append(learning_rate * replicas * multiplier)
     assert list(_rates(rate, epochs * steps)) == pytest.approx(expected, rel=1e-12)
@@ -81,7 +81,7 @@ def test_the_step_rate_is_the_python_formulas_batch_by_batch(name):
 
 
 def test_a_plateau_lowers_the_rate_after_warm_up_only():
-    rate = _training_rate(epochs=4, warmup_epochs=1, schedule=schedules.PLATEAU, steps=2,
+    rate = _training_rate(epochs=4, warmup_epochs=1, schedule=lr_schedules.PLATEAU, steps=2,
                           replicas=2)
     rate.lower(0.1)
     assert list(_rates(rate, 4)) == pytest.approx([1.5, 2.0, 0.2, 0.2])

@@ -9,7 +9,7 @@ import pytest
 import hvdtrain
 from hvdtrain.errors import UsageError
 from hvdtrain.layers import ShardedEmbedding, replicated_copy
-from hvdtrain.parallel import sharding
+from hvdtrain.parallel import split_variables
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -66,7 +66,7 @@ def test_sgd_and_adagrad_touch_only_rows_looked_up_and_equal_keras():
 
 
 def test_placements_own_every_row_once():
-    for placement in (sharding.Placement(10), sharding.Placement(10, owner=3)):
+    for placement in (split_variables.Placement(10), split_variables.Placement(10, owner=3)):
         for size in (1, 2, 3, 4):
             owned = np.concatenate([placement.owned_rows(r, size) for r in range(size)])
             np.testing.assert_array_equal(np.sort(owned), np.arange(10))

@@ -21,7 +21,7 @@ from hvdtrain.layers import (
     set_whole_weights,
 )
 from hvdtrain.layout import Layout
-from hvdtrain.parallel import sharding
+from hvdtrain.parallel import split_variables
 from hvdtrain.tools import flops
 
 
@@ -41,7 +41,7 @@ def test_replicas_are_consecutive_ranks_and_groups_cover_each_rank_once():
 
 
 def test_a_split_weight_is_its_part_of_the_whole_and_back():
-    split = sharding.TensorSplit(axis=1, parts=2)
+    split = split_variables.TensorSplit(axis=1, parts=2)
     whole = np.arange(24).reshape(2, 6, 2)
     parts = [split.part(whole, rank, 4) for rank in range(4)]
     np.testing.assert_array_equal(parts[0], whole[:, :3])

@@ -12,7 +12,7 @@ import hvdtrain
 import tfds_data
 from hvdtrain import recipe
 from hvdtrain.errors import UsageError
-from hvdtrain.parallel.data.optimizer import DistributedOptimizer
+from hvdtrain.parallel.data_parallel.optimizer import DistributedOptimizer
 
 TINY_TRANSFORMER = dict(vocab_size=1000, sequence_length=32, d_model=16, layers=1, heads=2,
                         mlp_dim=32, dropout=0.0)

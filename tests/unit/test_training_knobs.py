@@ -14,11 +14,11 @@ import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 import hvdtrain
-from hvdtrain import callbacks, schedules
+from hvdtrain import callbacks, lr_schedules
 from hvdtrain.data import from_arrays
 from hvdtrain.errors import UsageError
-from hvdtrain.parallel.data import optimizer as optimizer_lib
-from hvdtrain.parallel.data.step_rate import StepRate
+from hvdtrain.parallel.data_parallel import optimizer as optimizer_lib
+from hvdtrain.parallel.data_parallel.learning_rate_in_step import StepRate
 from hvdtrain.run import fit
 from hvdtrain.run.learning_rate import TrainingRate
 
@@ -142,7 +142,7 @@ def _model_with_a_plateau(values, batch=0, metrics=()):
     """A model whose train step sets a rate of 0.4 (one batch an epoch, one
     epoch of warm-up) lowered by a plateau, from the run's batch `batch`."""
     optimizer = hvdtrain.DistributedOptimizer(keras.optimizers.SGD(0.01))
-    rate = TrainingRate(0.4, len(values), 1, schedules.PLATEAU)
+    rate = TrainingRate(0.4, len(values), 1, lr_schedules.PLATEAU)
     rate.start(steps_per_epoch=1, replicas=1)
     optimizer_lib.set_step_rate(optimizer, StepRate(rate))
     optimizer_lib.step_rate(optimizer).stand_at(batch)

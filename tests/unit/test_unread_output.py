@@ -10,14 +10,14 @@ from launch import REPO, environment
 
 WORKER = """
 import sys
-from hvdtrain.faults import unread_output
+from hvdtrain.faults import broken_pipes
 if sys.argv[1] == "guarded":
-    unread_output.install()
+    broken_pipes.install()
 sys.stdin.read()                         # until the reader is gone
 for line in range(2000):                 # more than a pipe holds
     print(f"step {{line}}", end="\\r" if line % 2 else "\\n")
     sys.stdout.flush()
-unread_output.say("a signal handler's line\\n")   # unbuffered, as a signal handler writes
+broken_pipes.say("a signal handler's line\\n")   # unbuffered, as a signal handler writes
 sys.stderr.write("a log line\\n")
 open({done!r}, "w").write("went on")
 """

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 
 import hvdtrain.keras as hvd
-from hvdtrain.parallel.data.optimizer import is_distributed
+from hvdtrain.parallel.data_parallel.optimizer import is_distributed
 
 
 def make_model():

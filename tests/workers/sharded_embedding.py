@@ -22,7 +22,7 @@ import tensorflow as tf
 
 import hvdtrain
 from hvdtrain.layers import ShardedEmbedding
-from hvdtrain.parallel import sharding
+from hvdtrain.parallel import split_variables
 
 ROWS, WIDTH, IDS, BATCH, STEPS, LR = 37, 4, 4, 8, 5, 0.1
 
@@ -44,7 +44,7 @@ def start(model, table):
     rng = np.random.default_rng(123)
     embedding = model.layers[1]
     if isinstance(embedding, ShardedEmbedding):
-        sharding.scatter([embedding.embeddings], [table])
+        split_variables.scatter([embedding.embeddings], [table])
     else:
         embedding.embeddings.assign(table)
     model.get_layer("dense").set_weights([rng.normal(size=(WIDTH, 1)).astype("float32"),
@@ -100,7 +100,8 @@ def train(name, placement="rows"):
         replicated.compile(hvdtrain.DistributedOptimizer(keras.optimizers.get(
             {"class_name": name, "config": {"learning_rate": LR}})), "mse")
         replicated.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0)
-    (whole,) = sharding.gather([sharded.layers[1].embeddings], [sharded.layers[1].embeddings])
+    table = sharded.layers[1].embeddings
+    (whole,) = split_variables.gather([table], [table])
     return dict(sharded_table=whole,
                 replicated_table=replicated.layers[1].embeddings.numpy(),
                 sharded_dense=sharded.get_layer("dense").kernel.numpy(),

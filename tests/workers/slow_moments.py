@@ -14,7 +14,7 @@ import time
 import horovod.tensorflow as hvd
 
 from hvdtrain import cli
-from hvdtrain.callbacks import exact_evaluation, run_log
+from hvdtrain.callbacks import exact_evaluation, run_log_writer
 from hvdtrain.state import checkpoint
 
 moment, seconds = os.environ["SLOW"], float(os.environ["SLOW_SECONDS"])
@@ -38,5 +38,5 @@ elif moment == "validation":
     exact_evaluation.ExactEvaluation.on_test_begin = slowed(
         exact_evaluation.ExactEvaluation.on_test_begin)
 else:
-    run_log.RunLog.on_epoch_end = slowed(run_log.RunLog.on_epoch_end)
+    run_log_writer.RunLog.on_epoch_end = slowed(run_log_writer.RunLog.on_epoch_end)
 cli.run([sys.argv[0], "train", *sys.argv[1:]])

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvdtrain
-from hvdtrain.parallel.data.reduction import OPS
+from hvdtrain.parallel.data_parallel.reduction import OPS
 
 
 def data(variant):

@@ -13,8 +13,8 @@ inf/NaN are already reduced, so all ranks take the same decision.
 
 import horovod.tensorflow as hvd
 
-from hvdtrain.parallel.data.compression import Compression
-from hvdtrain.parallel.data.reduction import GradientReducer, LocalVariables, chosen_groups
+from hvdtrain.parallel.data_parallel.compression import Compression
+from hvdtrain.parallel.data_parallel.reduction import GradientReducer, LocalVariables, chosen_groups
 
 __all__ = ["DistributedGradientTape"]
 

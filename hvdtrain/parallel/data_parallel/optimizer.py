@@ -45,10 +45,10 @@ import keras
 import tensorflow as tf
 
 from hvdtrain.errors import UsageError
-from hvdtrain.parallel import sharding
-from hvdtrain.parallel.data.compression import Compression
-from hvdtrain.parallel.data.reduction import GradientReducer, LocalVariables, chosen_groups
-from hvdtrain.parallel.embedding import sparse_updates
+from hvdtrain.parallel import split_variables
+from hvdtrain.parallel.data_parallel.compression import Compression
+from hvdtrain.parallel.data_parallel.reduction import GradientReducer, LocalVariables, chosen_groups
+from hvdtrain.parallel.sharded_tables import sparse_updates
 
 __all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "accumulated_only",
            "add_step_exchange", "check_loss_scale_order", "compile_updates", "configure",
@@ -219,7 +219,7 @@ def make_distributed(optimizer, reducer=None, backward_passes_per_step=1,
 
     Args:
         optimizer: A `keras.optimizers.Optimizer`, built or not.
-        reducer: A `hvdtrain.parallel.data.reduction.GradientReducer` holding the reduction
+        reducer: A `hvdtrain.parallel.data_parallel.reduction.GradientReducer` holding the reduction
             options (`DistributedOptimizer`'s `op`, `compression`, ...);
             None: its defaults (average over all processes).
         backward_passes_per_step: As for `DistributedOptimizer`; more than 1
@@ -285,8 +285,8 @@ def add_step_exchange(optimizer, exchange):
 
 def set_step_rate(optimizer, rate):
     """Has a distributed optimizer set its learning rate at each batch, in
-    the train step, from `rate` (a `hvdtrain.parallel.data.step_rate.StepRate`).
-    Set it before the first step: the train step calls it when traced."""
+    the train step, from `rate` (a `learning_rate_in_step.StepRate`). Set it
+    before the first step: the train step calls it when traced."""
     optimizer._hvd_step_rate = rate
 
 
@@ -337,18 +337,18 @@ class _DistributedMixin:
         # tensor-parallel weight is that part of the whole weight's slot:
         # checkpoints gather and reshard it with the weight.
         variable = super().add_variable_from_reference(reference_variable, *args, **kwargs)
-        placement = sharding.placement_of(reference_variable)
-        if (isinstance(placement, sharding.TensorSplit)
+        placement = split_variables.placement_of(reference_variable)
+        if (isinstance(placement, split_variables.TensorSplit)
                 and tuple(variable.shape) == tuple(reference_variable.shape)):
-            sharding.mark(variable, placement)
+            split_variables.mark(variable, placement)
         return variable
 
     def build(self, variables):
         variables = list(variables)
-        shards = [v for v in variables if sharding.is_rows_sharded(v)]
+        shards = [v for v in variables if split_variables.is_rows_sharded(v)]
         if shards:
             sparse_updates.check(self, self._hvd_passes > 1)
-            variables = [v for v in variables if not sharding.is_rows_sharded(v)]
+            variables = [v for v in variables if not split_variables.is_rows_sharded(v)]
         super().build(variables)
         # Positions, not the variables: Keras tracks variables kept on an
         # optimizer as its own state (they would be saved with it).
@@ -378,7 +378,7 @@ class _DistributedMixin:
         if self._hvd_step_rate is not None:
             # Every batch, also one that only accumulates: the rate is the batch's.
             self._hvd_momentum_ratio = self._hvd_step_rate.set(self)
-        if any(sharding.is_rows_sharded(v) for v in variables):
+        if any(split_variables.is_rows_sharded(v) for v in variables):
             return self._apply_with_shards(grads, variables)
         if self._hvd_passes == 1:
             self._exchange_with_the_gradients()
@@ -389,14 +389,15 @@ class _DistributedMixin:
     def _apply_with_shards(self, grads, variables):
         """Reduces and applies the replicated variables' gradients; applies
         each shard's own, averaged, to its looked-up rows."""
-        replicated = [(g, v) for g, v in zip(grads, variables) if not sharding.is_rows_sharded(v)]
+        replicated = [(g, v) for g, v in zip(grads, variables)
+                      if not split_variables.is_rows_sharded(v)]
         self._exchange_with_the_gradients()
         reduced = self._hvd_reducer([g for g, _ in replicated], [v for _, v in replicated],
                                     self._hvd_local)
         average = 1.0 / self._hvd_reducer.size() if (
             self._hvd_reducer.op == hvd.Average) else 1.0
         for grad, variable in zip(grads, variables):
-            if grad is not None and sharding.is_rows_sharded(variable):
+            if grad is not None and split_variables.is_rows_sharded(variable):
                 (grad,) = _summed_duplicates([grad])
                 sparse_updates.update(
                     self, tf.IndexedSlices(grad.values * average, grad.indices), variable,

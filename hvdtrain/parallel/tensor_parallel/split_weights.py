@@ -1,7 +1,7 @@
 """The weights of tensor-parallel layers: each rank's part of a whole weight.
 
 A layer declares the whole weight and the axis it is split along; each rank
-of a replica holds one of T equal, contiguous parts (sharding.TensorSplit).
+of a replica holds one of T equal, contiguous parts (split_variables.TensorSplit).
 A part starts as its slice of the whole weight's initial value, drawn with
 the whole shape: the model at any T starts where the unsplit one does
 (same seed, same weights), and fan-based initializers see the whole fans.
@@ -12,7 +12,7 @@ import numpy as np
 
 from hvdtrain import layout
 from hvdtrain.errors import UsageError
-from hvdtrain.parallel import sharding
+from hvdtrain.parallel import split_variables
 
 __all__ = ["add_split_weight", "check_divisible", "set_whole_weights"]
 
@@ -46,7 +46,7 @@ def add_split_weight(layer, name, shape, axis, initializer):
     variable = layer.add_weight(shape=tuple(part_shape), name=name, initializer=part_of_whole,
                                 trainable=True)
     if parts > 1:
-        sharding.mark(variable, sharding.TensorSplit(axis, parts))
+        split_variables.mark(variable, split_variables.TensorSplit(axis, parts))
     return variable
 
 
@@ -58,7 +58,7 @@ def set_whole_weights(model, weights):
     if len(variables) != len(weights):
         raise UsageError(f"set_whole_weights: {len(weights)} values for {len(variables)} weights")
     for variable, value in zip(variables, weights):
-        placement = sharding.placement_of(variable)
+        placement = split_variables.placement_of(variable)
         value = np.asarray(value)
         if placement is not None:
             value = placement.part(value, hvd.rank(), hvd.size())

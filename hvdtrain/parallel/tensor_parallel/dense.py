@@ -11,7 +11,7 @@ allreduce; backward, one more (the column layer's input gradient).
 import keras
 
 from hvdtrain import layout
-from hvdtrain.parallel.tensor import operators, weights
+from hvdtrain.parallel.tensor_parallel import operators, split_weights
 
 __all__ = ["ColumnParallelDense", "RowParallelDense"]
 
@@ -64,11 +64,11 @@ class ColumnParallelDense(_ParallelDense):
         self.gather_output = gather_output
 
     def build(self, input_shape):
-        weights.check_divisible(self, "units", self.units)
-        self.kernel = weights.add_split_weight(self, "kernel", (input_shape[-1], self.units), 1,
-                                               self.kernel_initializer)
-        self.bias = (weights.add_split_weight(self, "bias", (self.units,), 0,
-                                              self.bias_initializer) if self.use_bias else None)
+        split_weights.check_divisible(self, "units", self.units)
+        self.kernel = split_weights.add_split_weight(
+            self, "kernel", (input_shape[-1], self.units), 1, self.kernel_initializer)
+        self.bias = (split_weights.add_split_weight(
+            self, "bias", (self.units,), 0, self.bias_initializer) if self.use_bias else None)
 
     def call(self, inputs):
         x = operators.copy_to_group(inputs, self._collective("input"))
@@ -112,9 +112,9 @@ class RowParallelDense(_ParallelDense):
 
     def build(self, input_shape):
         rows = input_shape[-1] * (layout.tensor_size() if self.input_is_parallel else 1)
-        weights.check_divisible(self, "input width", rows)
-        self.kernel = weights.add_split_weight(self, "kernel", (rows, self.units), 0,
-                                               self.kernel_initializer)
+        split_weights.check_divisible(self, "input width", rows)
+        self.kernel = split_weights.add_split_weight(self, "kernel", (rows, self.units), 0,
+                                                     self.kernel_initializer)
         self.bias = (self.add_weight(shape=(self.units,), name="bias",
                                      initializer=self.bias_initializer)
                      if self.use_bias else None)

@@ -2,7 +2,7 @@
 
 Each worker evaluates its own shard of a split; the shards may differ by
 one example (the shorter ones end with an empty batch, see
-hvdtrain.data.sharding). Averaging the workers' results would weigh a short shard
+hvdtrain.data.sharded_dataset). Averaging the workers' results would weigh a short shard
 like a long one. Instead, after a
 worker's last evaluation batch, the metrics' state variables (totals and
 counts, confusion counts, ...) are summed over the replicas (the workers,

@@ -4,7 +4,7 @@ function of the (fractional) epoch.
 
 Each formula is written once and evaluated with Python numbers (`PYTHON`:
 the Horovod-style callbacks, checks) or TensorFlow tensors (the train step,
-hvdtrain.parallel.data.step_rate) by the `ops` it is given. Importing this
+hvdtrain.parallel.data_parallel.learning_rate_in_step) by the `ops` it is given. Importing this
 module loads no TensorFlow, so that the settings can be checked first.
 """
 

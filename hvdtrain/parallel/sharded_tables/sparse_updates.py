@@ -25,7 +25,7 @@ import keras
 import tensorflow as tf
 
 from hvdtrain.errors import UsageError
-from hvdtrain.parallel import sharding
+from hvdtrain.parallel import split_variables
 
 __all__ = ["RULES", "check", "make_slots", "problem", "refuse", "update"]
 
@@ -89,9 +89,9 @@ def refuse(found):
 def make_slots(optimizer, variable):
     """The optimizer variables the rule keeps for the shard `variable`
     (sharded like it, so that they are checkpointed whole)."""
-    return [sharding.mark(optimizer.add_variable_from_reference(
+    return [split_variables.mark(optimizer.add_variable_from_reference(
                 variable, name=name, initializer=keras.initializers.Constant(initial(optimizer))),
-            sharding.placement_of(variable))
+            split_variables.placement_of(variable))
             for name, initial in RULES[type(optimizer).__name__]]
 
 

@@ -26,7 +26,7 @@ import tensorflow as tf
 from hvdtrain import runtime
 from hvdtrain.errors import UsageError
 from hvdtrain.parallel.collectives import root_name_scope
-from hvdtrain.parallel.data.compression import BF16Compressor, Compression
+from hvdtrain.parallel.data_parallel.compression import BF16Compressor, Compression
 
 __all__ = ["GradientReducer", "LocalVariables", "OPS", "chosen_groups"]
 

@@ -1,7 +1,7 @@
 """An embedding table split across workers: model parallelism for the
 tables that data parallelism would copy onto every worker.
 
-Each worker holds the rows its `sharding.Placement` gives it. A lookup sends
+Each worker holds the rows its `split_variables.Placement` gives it. A lookup sends
 each id to the worker that owns its row and the rows back, with Horovod's
 `alltoall`:
 
@@ -26,8 +26,8 @@ import tensorflow as tf
 
 from hvdtrain import layout
 from hvdtrain.errors import MODEL_INPUT, UsageError
-from hvdtrain.parallel import collectives, sharding
-from hvdtrain.parallel.embedding import memory
+from hvdtrain.parallel import collectives, split_variables
+from hvdtrain.parallel.sharded_tables import memory
 
 __all__ = ["PLACEMENTS", "ShardedEmbedding"]
 
@@ -82,7 +82,7 @@ class ShardedEmbedding(keras.layers.Layer):
         owner = None
         if self.placement_kind == "table":
             owner = self.owner if self.owner is not None else zlib.crc32(self.name.encode())
-        return sharding.Placement(self.input_dim, owner)
+        return split_variables.Placement(self.input_dim, owner)
 
     def build(self, input_shape=None):
         if layout.tensor_size() > 1 or layout.pipeline_size() > 1:
@@ -94,7 +94,7 @@ class ShardedEmbedding(keras.layers.Layer):
         rows = self.placement.shard_rows(hvd.rank(), hvd.size())
         memory.refuse_too_large(f"embedding table '{self.name}'",
                                 rows * self.output_dim * tf.as_dtype(self.variable_dtype).size)
-        self.embeddings = sharding.mark(
+        self.embeddings = split_variables.mark(
             self.add_weight(shape=(rows, self.output_dim), name="embeddings", trainable=True,
                             initializer=_own_stream(self.embeddings_initializer, hvd.rank())),
             self.placement)

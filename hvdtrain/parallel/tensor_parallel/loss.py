@@ -13,8 +13,8 @@ import keras
 import tensorflow as tf
 
 from hvdtrain import layout
-from hvdtrain.parallel.tensor import operators
-from hvdtrain.parallel.tensor.embedding import vocabulary_range
+from hvdtrain.parallel.tensor_parallel import operators
+from hvdtrain.parallel.tensor_parallel.vocab_embedding import vocabulary_range
 
 __all__ = ["VocabParallelSparseCategoricalCrossentropy",
            "vocab_parallel_sparse_categorical_crossentropy"]

@@ -14,7 +14,7 @@ import keras
 import tensorflow as tf
 
 from hvdtrain import layout
-from hvdtrain.parallel.tensor import operators, weights
+from hvdtrain.parallel.tensor_parallel import operators, split_weights
 
 __all__ = ["ParallelMultiHeadAttention"]
 
@@ -57,17 +57,17 @@ class ParallelMultiHeadAttention(keras.layers.Layer):
         self._softmax = keras.layers.Softmax(axis=-1, dtype=self.dtype_policy)
 
     def build(self, query_shape, value_shape=None, key_shape=None):
-        weights.check_divisible(self, "num_heads", self.num_heads)
+        split_weights.check_divisible(self, "num_heads", self.num_heads)
         value_shape = value_shape or query_shape
         key_shape = key_shape or value_shape
         heads = (self.num_heads, self.key_dim)
         for name, width in (("query", query_shape[-1]), ("key", key_shape[-1]),
                             ("value", value_shape[-1])):
-            setattr(self, f"{name}_kernel", weights.add_split_weight(
+            setattr(self, f"{name}_kernel", split_weights.add_split_weight(
                 self, f"{name}_kernel", (width, *heads), 1, self.kernel_initializer))
-            setattr(self, f"{name}_bias", weights.add_split_weight(
+            setattr(self, f"{name}_bias", split_weights.add_split_weight(
                 self, f"{name}_bias", heads, 0, self.bias_initializer) if self.use_bias else None)
-        self.output_kernel = weights.add_split_weight(
+        self.output_kernel = split_weights.add_split_weight(
             self, "output_kernel", (*heads, query_shape[-1]), 0, self.kernel_initializer)
         self.output_bias = (self.add_weight(shape=(query_shape[-1],), name="output_bias",
                                             initializer=self.bias_initializer)

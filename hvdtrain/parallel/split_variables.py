@@ -5,7 +5,7 @@ Two ways to split one:
 - `Placement`: an embedding table of hvdtrain.layers.ShardedEmbedding (and
   the optimizer's slots for it) by rows over all workers, each holding the
   rows its placement gives it, in increasing row order;
-- `TensorSplit`: a weight of a tensor-parallel layer (hvdtrain.parallel.tensor)
+- `TensorSplit`: a weight of a tensor-parallel layer (hvdtrain.parallel.tensor_parallel)
   cut along one axis into T equal parts, part t on the replicas' rank t
   (hvdtrain.layout); every replica holds the same parts.
 

@@ -33,13 +33,13 @@ import tensorflow as tf
 from hvdtrain import layout
 from hvdtrain.errors import UsageError
 from hvdtrain.parallel import collectives, empty_batches
-from hvdtrain.parallel.pipeline import schedules, stage_weights, transfer
+from hvdtrain.parallel.pipeline_parallel import schedules, stage_weights, transfer
 
 __all__ = ["Pipeline"]
 
 
 class Pipeline(keras.Model):
-    """A model cut into stages (`hvdtrain.parallel.pipeline.cut`, or built
+    """A model cut into stages (`hvdtrain.parallel.pipeline_parallel.cut`, or built
     so), trained with the ranks of each pipeline (hvdtrain.layout) running
     one stage each.
 

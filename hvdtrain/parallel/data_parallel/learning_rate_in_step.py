@@ -10,10 +10,11 @@ stands) and its value goes into the optimizer's own learning-rate variable,
 which checkpoints keep and a plain Keras model loads.
 """
 
-import keras
 import tensorflow as tf
 
-__all__ = ["StepRate", "momentum_slots"]
+from hvdtrain.parallel.data_parallel import momentum_correction
+
+__all__ = ["StepRate"]
 
 
 class StepRate:
@@ -24,7 +25,7 @@ class StepRate:
     old rate, for the optimizers Horovod corrects (Keras's SGD and RMSprop
     with momentum, also inside a LossScaleOptimizer).
 
-    Give it with `hvdtrain.parallel.data.optimizer.set_step_rate` before the
+    Give it with `hvdtrain.parallel.data_parallel.optimizer.set_step_rate` before the
     first step: the train step runs it when traced.
 
     Args:
@@ -56,54 +57,25 @@ class StepRate:
 
     def corrected(self, optimizer, ratio, update):
         """Runs `update()` (an optimizer update) as if the momentum were
-        momentum x `ratio`; see momentum_slots."""
+        momentum x `ratio` (momentum_correction.py)."""
         if not self.momentum_correction:
             return update()
-        inner, slots = momentum_slots(optimizer)
+        inner, slots = momentum_correction.momentum_slots(optimizer)
         if not slots:
             return update()
         changed = ratio != 1
         before = tf.identity(inner.iterations.value)
-
-        def scale(by):
-            def assign():
-                for slot in slots:
-                    slot.assign(by(slot.value, tf.cast(ratio, slot.dtype)))
-            return assign
-
-        tf.cond(changed, scale(tf.multiply), _nothing)
+        tf.cond(changed, lambda: momentum_correction.scale_slots(slots, ratio), _nothing)
         result = update()
         applied = inner.iterations.value != before
         # No update (a loss-scale skip): the slots are as the step found them.
-        tf.cond(tf.logical_and(changed, tf.logical_not(applied)), scale(tf.divide), _nothing)
+        tf.cond(tf.logical_and(changed, tf.logical_not(applied)),
+                lambda: momentum_correction.unscale_slots(slots, ratio), _nothing)
         if getattr(inner, "nesterov", False):
-            # Nesterov reads momentum once more, w += momentum * v - lr * g:
-            # the missing momentum * (ratio - 1) * v goes to the weights.
-            def nesterov():
-                extra = inner.momentum * (tf.cast(ratio, tf.float64) - 1)
-                # The slots follow the order of the variables the optimizer was built with.
-                for variable, slot in zip(inner._trainable_variables, slots):
-                    variable.assign_add(slot.value * tf.cast(extra, slot.dtype))
-            tf.cond(tf.logical_and(changed, applied), nesterov, _nothing)
+            tf.cond(tf.logical_and(changed, applied),
+                    lambda: momentum_correction.nesterov_look_ahead(inner, slots, ratio), _nothing)
         return result
 
 
 def _nothing():
     """The branch of a tf.cond that changes nothing."""
-
-
-def momentum_slots(optimizer):
-    """(the optimizer that updates, its momentum slots): SGD `v = momentum *
-    v - lr * g` and RMSprop `v = momentum * v + lr * g / rms` apply `v`, so
-    scaling `v` by a ratio before the update is using momentum x ratio in it
-    (Keras 3 bakes `momentum` into the traced step; Horovod changes the
-    attribute instead). Slots are () for optimizers without momentum."""
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        optimizer = optimizer.inner_optimizer
-    if not optimizer.built or not getattr(optimizer, "momentum", 0):
-        return optimizer, ()
-    if isinstance(optimizer, keras.optimizers.SGD):
-        return optimizer, optimizer.momentums
-    if isinstance(optimizer, keras.optimizers.RMSprop):
-        return optimizer, optimizer._momentums   # no public name
-    return optimizer, ()

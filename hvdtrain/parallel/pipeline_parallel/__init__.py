@@ -11,10 +11,15 @@ and hvdtrain.parallel's collectives; the public `hvdtrain.pipeline` and the
 trainer depend on it.
 """
 
-from hvdtrain.parallel.pipeline.model import Pipeline
-from hvdtrain.parallel.pipeline.schedules import SCHEDULES, bubble, few_microbatches, peak_stashed
-from hvdtrain.parallel.pipeline.stage_weights import deferred, on_host
-from hvdtrain.parallel.pipeline.stages import Stages, boundaries, cut
+from hvdtrain.parallel.pipeline_parallel.pipeline_model import Pipeline
+from hvdtrain.parallel.pipeline_parallel.schedules import (
+           SCHEDULES,
+           bubble,
+           few_microbatches,
+           peak_stashed,
+)
+from hvdtrain.parallel.pipeline_parallel.stage_weights import deferred, on_host
+from hvdtrain.parallel.pipeline_parallel.stages import Stages, boundaries, cut
 
 __all__ = ["SCHEDULES", "Pipeline", "Stages", "boundaries", "bubble", "cut", "deferred",
            "few_microbatches", "on_host", "peak_stashed"]

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from hvdtrain import layout
 from hvdtrain.errors import MODEL_INPUT
-from hvdtrain.parallel.tensor import operators, weights
+from hvdtrain.parallel.tensor_parallel import operators, split_weights
 
 __all__ = ["VocabParallelEmbedding", "vocabulary_range"]
 
@@ -49,11 +49,11 @@ class VocabParallelEmbedding(keras.layers.Layer):
         self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
 
     def build(self, input_shape=None):
-        weights.check_divisible(self, "vocabulary (input_dim)", self.input_dim)
-        self.embeddings = weights.add_split_weight(
+        split_weights.check_divisible(self, "vocabulary (input_dim)", self.input_dim)
+        self.embeddings = split_weights.add_split_weight(
             self, "embeddings", (self.input_dim, self.output_dim), 0,
             self.embeddings_initializer)
-        self.reverse_embeddings = None if self.tie_weights else weights.add_split_weight(
+        self.reverse_embeddings = None if self.tie_weights else split_weights.add_split_weight(
             self, "reverse_embeddings", (self.output_dim, self.input_dim), 1,
             self.embeddings_initializer)
 

@@ -14,7 +14,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from hvdtrain import layout
-from hvdtrain.parallel import sharding
+from hvdtrain.parallel import split_variables
 
 __all__ = ["average_statistics"]
 
@@ -29,7 +29,7 @@ def average_statistics(model):
     if layout.data_size() == 1:
         return
     kept = [v for v in model.non_trainable_weights
-            if tf.as_dtype(v.dtype).is_floating and not sharding.is_rows_sharded(v)]
+            if tf.as_dtype(v.dtype).is_floating and not split_variables.is_rows_sharded(v)]
     if not kept:
         return
     summed = hvd.grouped_allreduce([tf.cast(v, tf.float64) for v in kept], op=hvd.Sum,
