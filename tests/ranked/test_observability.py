@@ -93,30 +93,6 @@ def test_the_timeline_writer_waits_for_records_without_spinning_a_core(observed_
     assert busy < 1.0, f"{busy:.2f} s of CPU in 2 s of sleep"
 
 
-def test_an_idle_worker_does_not_cycle_every_millisecond(observed_run, shared_tmp_path):
-    """Horovod's background thread coordinated with the other ranks every
-    cycle (1 ms), work or not: under Gloo a TCP round trip each time, taken
-    from a CPU host's compute threads. While no tensor of a rank waits for a
-    collective it now waits for one (fixed in Horovod's source at install),
-    cycling every 100 ms so that another rank's shutdown still comes through.
-    Rank 0's timeline marks the cycles of a second without work."""
-    import time
-
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    path = shared_tmp_path / "idle_cycles.json"
-    hvd.start_timeline(str(path), mark_cycles=True)
-    hvd.allreduce(tf.constant(1.0), name="hvdtrain.test.timeline_started")
-    time.sleep(1.0)
-    hvd.stop_timeline()
-    hvd.allreduce(tf.constant(1.0), name="hvdtrain.test.timeline_stopped")
-    if hvd.rank() == 0:
-        cycles = path.read_text().count("CYCLE_START")
-        # About 10 a second now; at every cycle time they were hundreds.
-        assert 1 <= cycles < 100, f"{cycles} cycles in an idle second"
-
-
 def test_every_rank_shows_progress_when_asked(observed_run):
     _, finished = observed_run
     epochs = {rank for rank, result in enumerate(finished)
