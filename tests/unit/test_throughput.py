@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 import hvdtrain
-from hvdtrain.callbacks import throughput_meter as throughput_meter
+from hvdtrain.callbacks import throughput_meter
 from hvdtrain.tools import throughput
 
 

@@ -13,10 +13,10 @@ trainer depend on it.
 
 from hvdtrain.parallel.pipeline_parallel.pipeline_model import Pipeline
 from hvdtrain.parallel.pipeline_parallel.schedules import (
-           SCHEDULES,
-           bubble,
-           few_microbatches,
-           peak_stashed,
+    SCHEDULES,
+    bubble,
+    few_microbatches,
+    peak_stashed,
 )
 from hvdtrain.parallel.pipeline_parallel.stage_weights import deferred, on_host
 from hvdtrain.parallel.pipeline_parallel.stages import Stages, boundaries, cut
