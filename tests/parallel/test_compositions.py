@@ -32,8 +32,9 @@ TINY_GPT = ["--recipe=gpt", "--option=train_sequences=64", "--option=validation_
 PIPELINE = ["--pipeline_parallel=2", "--microbatches=4"]
 ONE_THREAD = ["--intra_op_threads=1", "--epochs=1"]
 
+# The pipeline alone on the default recipe; gpt's tied embedding, held by
+# its first and last stages, in every composition with a pipeline.
 COMPOSITIONS = {
-    "P2 gpt": (2, [*TINY_GPT, *PIPELINE]),
     "P2 digits_cnn": (2, ["--recipe=digits_cnn", "--pipeline_parallel=2"]),
     "D2xP2 gpt": (4, [*TINY_GPT, *PIPELINE]),
     "T2xP2 gpt": (4, [*TINY_GPT, *PIPELINE, "--tensor_parallel=2"]),
