@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.launches(controllers=("gloo",)), pytest.mark.slow]
 STEPS, K = 17, 4
 
 # wide_and_deep, its 4000 examples in 15 steps of 128 an epoch: dense layers,
-# which float16 computes at float32's pace on a CPU (its convolutions, 17
-# times slower); and its tables sharded across the workers.
+# which float16 computes at float32's pace on a CPU (digits_cnn's
+# convolutions, 17 times slower); and its tables sharded across the workers.
 WIDE_AND_DEEP = {"table_rows": 4096, "embedding_dim": 8, "hidden_units": "32",
                  "synthetic_examples": 4000}
 DENSE = dict(recipe_name="wide_and_deep", batch_size=128, options=WIDE_AND_DEEP)
